@@ -1,0 +1,135 @@
+#include "params.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace comm::params {
+
+const std::vector<Param>& all() {
+  static const std::vector<Param> table = {
+      // libcomm's own
+      {"COMM_DEBUG", Type::kEnum, "WARN", "log level", "NONE,WARN,INFO,TRACE"},
+      {"COMM_DEBUG_SUBSYS", Type::kString, "ALL",
+       "comma list of INIT,NET,COLL,STORE,ENV,ALG,ALL; a leading ^ excludes", nullptr},
+      {"COMM_TIMEOUT_MS", Type::kInt, "600000",
+       "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr},
+      {"COMM_TRANSPORT", Type::kEnum, "auto", "host transport between ranks", "auto,socket"},
+      {"COMM_AUTH_TOKEN", Type::kString, "", "peers without the same token are refused at rendezvous",
+       nullptr},
+      {"COMM_TUNING_FILE", Type::kString, "", "tuning profile (JSON) written by comm-tune", nullptr},
+      {"COMM_SOCKET_IFNAME", Type::kString, "",
+       "interfaces for data and rendezvous (NCCL_SOCKET_IFNAME syntax); falls back to NCCL_SOCKET_IFNAME",
+       nullptr},
+      {"COMM_SOCKET_NCONNS", Type::kInt, "2", "TCP connections per peer; large messages are striped", nullptr},
+      {"COMM_HOST_ID", Type::kString, "", "ranks with the same value are on the same host", nullptr},
+      {"COMM_ALGO", Type::kString, "",
+       "force an algorithm, e.g. ring or recursive_doubling (falls back when it cannot run)", nullptr},
+      {"COMM_CHUNK_BYTES", Type::kInt, "524288", "pipelining chunk of the ring algorithms", nullptr},
+      {"COMM_SMALL_MSG_BYTES", Type::kInt, "65536",
+       "all-reduce up to this size uses the latency algorithm (recursive doubling)", nullptr},
+      // launchers
+      {"MASTER_ADDR", Type::kString, "", "torchrun: rank 0's address (the store)", nullptr},
+      {"MASTER_PORT", Type::kString, "", "torchrun: the store's port", nullptr},
+      {"RANK", Type::kString, "", "torchrun: this rank", nullptr},
+      {"WORLD_SIZE", Type::kString, "", "torchrun: number of ranks", nullptr},
+      {"LOCAL_RANK", Type::kString, "", "torchrun: rank on this host", nullptr},
+      {"LOCAL_WORLD_SIZE", Type::kString, "", "torchrun: ranks on this host", nullptr},
+      {"TORCHELASTIC_RUN_ID", Type::kString, "", "torchrun: job id (default port)", nullptr},
+      {"OMPI_COMM_WORLD_RANK", Type::kString, "", "Open MPI: this rank", nullptr},
+      {"OMPI_COMM_WORLD_SIZE", Type::kString, "", "Open MPI: number of ranks", nullptr},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", Type::kString, "", "Open MPI: rank on this host", nullptr},
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", Type::kString, "", "Open MPI: ranks on this host", nullptr},
+      {"OMPI_MCA_ess_base_jobid", Type::kString, "", "Open MPI: job id (default port)", nullptr},
+      {"SLURM_PROCID", Type::kString, "", "Slurm: this rank", nullptr},
+      {"SLURM_NTASKS", Type::kString, "", "Slurm: number of ranks", nullptr},
+      {"SLURM_LOCALID", Type::kString, "", "Slurm: rank on this host", nullptr},
+      {"SLURM_NNODES", Type::kString, "", "Slurm: number of hosts", nullptr},
+      {"SLURM_JOB_ID", Type::kString, "", "Slurm: job id (default port)", nullptr},
+      // NCCL's, honoured with NCCL's semantics
+      {"NCCL_SOCKET_IFNAME", Type::kString, "", "NCCL's interface selection (used when COMM_SOCKET_IFNAME is unset)",
+       nullptr},
+      {"NCCL_IB_TIMEOUT", Type::kString, "", "NCCL: IB timeout, 4.096us x 2^n", nullptr},
+      {"NCCL_IB_HCA", Type::kString, "", "NCCL: IB HCAs to use", nullptr},
+      {"NCCL_DEBUG", Type::kString, "", "NCCL: log level", nullptr},
+  };
+  return table;
+}
+
+namespace {
+
+const Param* find(const char* name) {
+  for (const auto& p : all())
+    if (std::strcmp(p.name, name) == 0) return &p;
+  return nullptr;
+}
+
+Status parse_int(const char* name, const std::string& text, int64_t min, int64_t max, int64_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || end == text.c_str() || *end != '\0')
+    return InvalidArgument(std::string(name) + "='" + text + "' is not an integer; set it to a whole number");
+  if (v < min || v > max)
+    return InvalidArgument(std::string(name) + "=" + text + " is out of range [" + std::to_string(min) + ", " +
+                           std::to_string(max) + "]");
+  *out = v;
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+Status get_int(const char* name, int64_t min, int64_t max, int64_t* out) {
+  const Param* p = find(name);
+  if (p == nullptr) return Internal(std::string("parameter ") + name + " is not in the registry");
+  auto v = env(name);
+  return parse_int(name, v ? *v : p->fallback, min, max, out);
+}
+
+Status get_string(const char* name, std::string* out) {
+  const Param* p = find(name);
+  if (p == nullptr) return Internal(std::string("parameter ") + name + " is not in the registry");
+  auto v = env(name);
+  *out = v ? *v : p->fallback;
+  if (p->type == Type::kEnum && p->choices != nullptr) {
+    std::string choices = std::string(",") + p->choices + ",";
+    std::string lowered = *out, upper = *out;
+    for (auto& c : lowered) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+    for (auto& c : upper) c = static_cast<char>(toupper(static_cast<unsigned char>(c)));
+    if (choices.find("," + lowered + ",") == std::string::npos &&
+        choices.find("," + upper + ",") == std::string::npos)
+      return InvalidArgument(std::string(name) + "='" + *out + "' is not one of " + p->choices);
+  }
+  return Status::Ok();
+}
+
+Status get_optional_int(const char* name, int64_t min, int64_t max, int64_t* out, bool* present) {
+  auto v = env(name);
+  *present = v.has_value();
+  if (!v) return Status::Ok();
+  return parse_int(name, *v, min, max, out);
+}
+
+std::string describe_all() {
+  std::string text;
+  for (const auto& p : all()) {
+    auto v = env(p.name);
+    text += p.name;
+    text += "=";
+    text += v ? *v : std::string(p.fallback);
+    text += v ? "  (set)" : "  (default)";
+    text += "\n    ";
+    text += p.doc;
+    if (p.choices) text += std::string(" [") + p.choices + "]";
+    text += "\n";
+  }
+  return text;
+}
+
+}  // namespace comm::params

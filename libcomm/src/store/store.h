@@ -1,0 +1,49 @@
+// The key-value store the rendezvous runs on (PyTorch's c10d Store model).
+// Rank 0 serves it over TCP; in-process ranks (tests) share a MemoryStore.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "deadline.h"
+#include "status.h"
+
+namespace comm {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual Status set(const std::string& key, const std::string& value) = 0;
+  // Blocks until key exists or the deadline passes (COMM_ERR_TIMEOUT naming the key).
+  virtual Status get(const std::string& key, std::string* value, Deadline deadline) = 0;
+  // Atomically adds delta to the integer stored at key (0 when absent); returns the new value.
+  virtual Status add(const std::string& key, int64_t delta, int64_t* result) = 0;
+};
+
+// Every key gets "prefix/" in front: one store serves many communicators.
+std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string& prefix);
+
+// In-process store shared by ranks that are threads of one process. Stores with the same
+// name are the same store while any handle to it lives ("memory://NAME").
+std::shared_ptr<Store> memory_store(const std::string& name);
+
+struct TcpStoreOptions {
+  std::string host;           // address rank 0 listens on / others connect to
+  int port = 0;               // 0: rank 0 picks one (tests)
+  bool is_server = false;     // rank 0 serves
+  int world_size = 1;
+  int timeout_ms = 600000;    // connect retry with backoff until this passes
+  std::string auth_token;     // COMM_AUTH_TOKEN: clients presenting another are refused, logged
+};
+// Rank 0: binds (COMM_ERR_SYSTEM naming the port if in use) and serves on a thread.
+// Others: connect with retry and exponential backoff until timeout (COMM_ERR_TIMEOUT naming
+// host:port). A client sending garbage is dropped with a log line; the server goes on.
+Status make_tcp_store(const TcpStoreOptions& options, std::shared_ptr<Store>* out);
+int tcp_store_port(const Store& store);  // the port a server store listens on (tests), else -1
+
+// file:///PATH: a shared-filesystem store (one file per key, atomic rename), for jobs
+// with no reachable rank 0 address.
+Status make_file_store(const std::string& dir, std::shared_ptr<Store>* out);
+
+}  // namespace comm

@@ -1,0 +1,103 @@
+// The narrow point-to-point interface every host algorithm is written against.
+// Algorithms never see sockets, shared memory or UCX; transports never know which
+// collective runs (they only carry its OpTag so a receiver can check it).
+//
+// Model: non-blocking two-sided isend/irecv of byte ranges, matched in posting order
+// per (peer) -- both sides post in the same order, as every collective does -- and a
+// wait that drives progress inline. Where a transport can, it also offers direct access
+// to a peer's registered region (shared memory maps it; UCX has RMA): algorithms ask
+// supports_direct_access() and fall back to two-sided without it.
+//
+// Threading: one thread drives a transport at a time (the communicator's rule);
+// abort() may be called from any thread and wakes every wait.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "deadline.h"
+#include "status.h"
+#include "store/store.h"
+
+namespace comm::transport {
+
+enum class CollKind : uint8_t {
+  kAllreduce = 1,
+  kBroadcast = 2,
+  kReduce = 3,
+  kAllgather = 4,
+  kReduceScatter = 5,
+  kAlltoall = 6,
+  kBarrier = 7,
+  kSendRecv = 8,
+  kInternal = 9,  // the runtime's own traffic (split, init checks)
+};
+const char* coll_name(CollKind kind);
+
+// The identity of one call. Every frame on the wire carries it; a receiver whose posted
+// tag differs fails with COMM_ERR_INVALID_USAGE naming both sides.
+struct OpTag {
+  uint64_t seq = 0;  // collectives: the communicator's sequence number; p2p: per-peer counter
+  CollKind coll = CollKind::kInternal;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  int32_t root = -1;
+  uint64_t count = 0;
+};
+bool operator==(const OpTag& a, const OpTag& b);
+// "allreduce #17 (count 100, float32, sum)"
+std::string describe(const OpTag& tag);
+
+using RequestId = uint32_t;
+
+struct Options {
+  int rank = 0;
+  int size = 1;
+  int timeout_ms = 600000;       // a wait with no progress from its peer for this long fails
+  std::string secret;            // per-job secret from the rendezvous; data connections present it
+  std::shared_ptr<Store> store;  // prefixed for this communicator: addresses are exchanged here
+  std::string comm_label;        // for log lines, e.g. "comm 0x1a2b"
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  int rank() const { return options_.rank; }
+  int size() const { return options_.size; }
+
+  // Post a send/receive of `bytes` bytes to/from `peer` (!= rank). Buffers must stay valid
+  // until the request completes. Requests come from a preallocated pool (no hot-path malloc).
+  virtual Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) = 0;
+  virtual Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) = 0;
+
+  // Drive progress until every listed request completes. Fails with TIMEOUT when no byte
+  // moves for timeout_ms (naming the peer waited on), REMOTE when a peer died or reported an
+  // error, INVALID_USAGE on a tag or length mismatch, ABORTED after abort(). After a failure
+  // the transport stays failed: every later call returns the same status.
+  virtual Status wait(const RequestId* ids, size_t n) = 0;
+  // Progress without blocking; *done when the request completed (then it is released).
+  virtual Status test(RequestId id, bool* done) = 0;
+
+  // Best effort, non-blocking: tell every peer this rank failed, so ranks waiting on
+  // someone else still end promptly with the reason (INVALID_USAGE stays INVALID_USAGE).
+  virtual void notify_peers(const Status& failure) = 0;
+
+  // Any thread: every pending and future wait ends with COMM_ERR_ABORTED.
+  virtual void abort() = 0;
+
+  // One-sided access where the transport can give it.
+  virtual bool supports_direct_access() const { return false; }
+
+ protected:
+  explicit Transport(Options options) : options_(std::move(options)) {}
+  Options options_;
+};
+
+// Convenience for algorithms: send and receive at once, wait for both.
+Status sendrecv(Transport& t, int send_peer, const OpTag& tag, const void* sendbuf, size_t send_bytes,
+                int recv_peer, void* recvbuf, size_t recv_bytes);
+
+}  // namespace comm::transport
