@@ -1,1 +1,209 @@
-// placeholder
+// C ABI: status strings, last error, lifecycle, requests, groups, memory.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "abi_guard.h"
+#include "communicator.h"
+#include "group.h"
+
+namespace comm {
+namespace {
+thread_local std::string t_last_error;
+}  // namespace
+
+void set_last_error(const Status& st) { t_last_error = st.message(); }
+
+}  // namespace comm
+
+using comm::Status;
+
+extern "C" {
+
+COMM_API const char* comm_status_string(comm_status_t s) {
+  switch (s) {
+    case COMM_OK: return "COMM_OK: no error";
+    case COMM_ERR_INVALID_ARGUMENT: return "COMM_ERR_INVALID_ARGUMENT: invalid argument";
+    case COMM_ERR_INVALID_USAGE: return "COMM_ERR_INVALID_USAGE: ranks disagree or call out of order";
+    case COMM_ERR_SYSTEM: return "COMM_ERR_SYSTEM: operating system or network error";
+    case COMM_ERR_TIMEOUT: return "COMM_ERR_TIMEOUT: timed out";
+    case COMM_ERR_REMOTE: return "COMM_ERR_REMOTE: a peer failed or aborted";
+    case COMM_ERR_ABORTED: return "COMM_ERR_ABORTED: communicator aborted";
+    case COMM_ERR_UNAVAILABLE: return "COMM_ERR_UNAVAILABLE: backend or transport not available";
+    case COMM_ERR_INTERNAL: return "COMM_ERR_INTERNAL: internal error";
+  }
+  return "unknown comm_status_t value";
+}
+
+COMM_API const char* comm_last_error(comm_t) { return comm::t_last_error.c_str(); }
+
+COMM_API comm_status_t comm_get_version(int* major, int* minor) {
+  return comm::guarded("comm_get_version", [&]() -> Status {
+    if (major == nullptr || minor == nullptr) return comm::InvalidArgument("comm_get_version: NULL output pointer");
+    *major = COMM_ABI_VERSION_MAJOR;
+    *minor = COMM_ABI_VERSION_MINOR;
+    return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_init(const comm_config_t* cfg, comm_t* out) {
+  return comm::guarded("comm_init", [&]() -> Status {
+    if (out == nullptr) return comm::InvalidArgument("comm_init: the output pointer is NULL");
+    *out = nullptr;
+    comm_config_t local = COMM_CONFIG_INIT;
+    if (cfg != nullptr) {
+      // A caller built against an older header passes a smaller struct: take what it has,
+      // the rest keeps its unset value. A newer caller's extra fields are ignored.
+      const size_t base = offsetof(comm_config_t, version) + sizeof(int);
+      if (cfg->size < base || cfg->version < 1)
+        return comm::InvalidArgument("comm_init: comm_config_t not initialised (size " + std::to_string(cfg->size) +
+                                     ", version " + std::to_string(cfg->version) + "); start from COMM_CONFIG_INIT");
+      std::memcpy(&local, cfg, cfg->size < sizeof local ? cfg->size : sizeof local);
+      local.size = sizeof local;
+    }
+    Status st = comm::init_communicator(local, out);
+    if (!st.ok()) return st.prefixed("comm_init: ");
+    return st;
+  });
+}
+
+COMM_API comm_status_t comm_rank(comm_t c, int* rank) {
+  return comm::guarded("comm_rank", [&]() -> Status {
+    if (c == nullptr || rank == nullptr) return comm::InvalidArgument("comm_rank: NULL communicator or output pointer");
+    *rank = c->rank;
+    return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_size(comm_t c, int* size) {
+  return comm::guarded("comm_size", [&]() -> Status {
+    if (c == nullptr || size == nullptr) return comm::InvalidArgument("comm_size: NULL communicator or output pointer");
+    *size = c->size;
+    return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_dup(comm_t c, comm_t* out) {
+  return comm::guarded("comm_dup", [&]() -> Status {
+    if (c == nullptr || out == nullptr) return comm::InvalidArgument("comm_dup: NULL communicator or output pointer");
+    *out = nullptr;
+    COMM_RETURN_IF_ERROR(comm::check_usable(c));
+    std::string id = c->id + ".d" + std::to_string(++c->children);
+    return comm::create_child(c, id, c->rank, c->size, out).prefixed("comm_dup: ");
+  });
+}
+
+COMM_API comm_status_t comm_split(comm_t c, int color, int key, comm_t* out) {
+  return comm::guarded("comm_split", [&]() -> Status {
+    if (c == nullptr || out == nullptr) return comm::InvalidArgument("comm_split: NULL communicator or output pointer");
+    *out = nullptr;
+    if (color < 0 && color != COMM_UNSET)
+      return comm::InvalidArgument("comm_split: color " + std::to_string(color) +
+                                   " is negative; use a color >= 0, or COMM_UNSET to take no part");
+    // Every rank learns every (color, key) through an all-gather on the parent.
+    std::vector<int32_t> mine = {color, key};
+    std::vector<int32_t> all(2 * static_cast<size_t>(c->size));
+    comm::algo::CollArgs args;
+    args.kind = comm::transport::CollKind::kAllgather;
+    args.sendbuf = mine.data();
+    args.recvbuf = all.data();
+    args.count = 2;
+    args.dtype = COMM_INT32;
+    COMM_RETURN_IF_ERROR(comm::run_blocking(c, args).prefixed("comm_split: "));
+    uint64_t split_no = ++c->children;
+    if (color == COMM_UNSET) return Status::Ok();
+    std::vector<std::pair<int32_t, int>> members;  // (key, parent rank) of my color
+    for (int r = 0; r < c->size; ++r)
+      if (all[2 * static_cast<size_t>(r)] == color) members.emplace_back(all[2 * static_cast<size_t>(r) + 1], r);
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i].second == c->rank) new_rank = static_cast<int>(i);
+    std::string id = c->id + ".s" + std::to_string(split_no) + "c" + std::to_string(color);
+    return comm::create_child(c, id, new_rank, static_cast<int>(members.size()), out).prefixed("comm_split: ");
+  });
+}
+
+COMM_API comm_status_t comm_abort(comm_t c) {
+  return comm::guarded("comm_abort", [&]() -> Status {
+    if (c == nullptr) return comm::InvalidArgument("comm_abort: NULL communicator");
+    if (!c->aborted.exchange(true)) {
+      COMM_WARN(kInit, "comm %s rank %d: aborted by comm_abort", c->id.c_str(), c->rank);
+      if (c->transport) c->transport->abort();
+    }
+    return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_destroy(comm_t c) {
+  return comm::guarded("comm_destroy", [&]() -> Status {
+    if (c == nullptr) return comm::InvalidArgument("comm_destroy: NULL communicator");
+    comm::destroy_communicator(c);
+    return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_get_async_error(comm_t c) {
+  if (c == nullptr) return COMM_ERR_INVALID_ARGUMENT;
+  std::lock_guard<std::mutex> lock(c->state_mu);
+  if (!c->async_error.ok()) return c->async_error.code();
+  if (c->aborted.load()) return COMM_ERR_ABORTED;
+  return COMM_OK;
+}
+
+COMM_API comm_status_t comm_wait(comm_request_t req) {
+  return comm::guarded("comm_wait", [&]() -> Status {
+    if (req == nullptr) return comm::InvalidArgument("comm_wait: NULL request");
+    return comm::wait_request(req);
+  });
+}
+
+COMM_API comm_status_t comm_test(comm_request_t req, int* done) {
+  return comm::guarded("comm_test", [&]() -> Status {
+    if (req == nullptr || done == nullptr) return comm::InvalidArgument("comm_test: NULL request or output pointer");
+    bool finished = false;
+    Status st = comm::test_request(req, &finished);
+    *done = finished ? 1 : 0;
+    return st;
+  });
+}
+
+COMM_API comm_status_t comm_group_start(void) {
+  return comm::guarded("comm_group_start", [&]() -> Status {
+    comm::group_start();
+    return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_group_end(void) {
+  return comm::guarded("comm_group_end", [&]() -> Status { return comm::group_end(); });
+}
+
+// Plain, touched, 64-byte-aligned host memory for now: every transport reads it with one
+// copy. Peer-mapped shared memory arrives with the shm transport.
+COMM_API comm_status_t comm_mem_alloc(comm_t c, size_t bytes, void** ptr) {
+  return comm::guarded("comm_mem_alloc", [&]() -> Status {
+    if (c == nullptr || ptr == nullptr) return comm::InvalidArgument("comm_mem_alloc: NULL communicator or output pointer");
+    *ptr = nullptr;
+    if (bytes == 0) return Status::Ok();
+    size_t rounded = (bytes + 63) / 64 * 64;
+    if (rounded < bytes) return comm::InvalidArgument("comm_mem_alloc: " + std::to_string(bytes) + " bytes overflows");
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) return comm::SystemError("comm_mem_alloc: cannot allocate " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0, rounded);  // first touch now, not on the first collective
+    *ptr = p;
+    return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_mem_free(comm_t c, void* ptr) {
+  return comm::guarded("comm_mem_free", [&]() -> Status {
+    if (c == nullptr) return comm::InvalidArgument("comm_mem_free: NULL communicator");
+    std::free(ptr);
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

@@ -1,1 +1,230 @@
-// placeholder
+// C ABI: the collectives, send/recv and their non-blocking variants. Everything is
+// validated here, at the edge, before a byte moves (DESIGN.md: validate at the edge).
+#include <cstdint>
+#include <string>
+
+#include "abi_guard.h"
+#include "communicator.h"
+#include "dtype.h"
+#include "group.h"
+
+namespace comm {
+namespace {
+
+using transport::CollKind;
+
+bool reduces(CollKind k) {
+  return k == CollKind::kAllreduce || k == CollKind::kReduce || k == CollKind::kReduceScatter;
+}
+
+const char* fn_name(CollKind k, bool nonblocking) {
+  switch (k) {
+    case CollKind::kAllreduce: return nonblocking ? "comm_iallreduce" : "comm_allreduce";
+    case CollKind::kBroadcast: return nonblocking ? "comm_ibroadcast" : "comm_broadcast";
+    case CollKind::kReduce: return nonblocking ? "comm_ireduce" : "comm_reduce";
+    case CollKind::kAllgather: return nonblocking ? "comm_iallgather" : "comm_allgather";
+    case CollKind::kReduceScatter: return nonblocking ? "comm_ireduce_scatter" : "comm_reduce_scatter";
+    case CollKind::kAlltoall: return nonblocking ? "comm_ialltoall" : "comm_alltoall";
+    case CollKind::kBarrier: return nonblocking ? "comm_ibarrier" : "comm_barrier";
+    default: return nonblocking ? "comm_isend/comm_irecv" : "comm_send/comm_recv";
+  }
+}
+
+Status validate(comm_t c, const algo::CollArgs& a, int raw_dtype, int raw_op, const std::string& where) {
+  if (!dtype_valid(raw_dtype))
+    return InvalidArgument(where + "dtype " + std::to_string(raw_dtype) +
+                           " is not a comm_dtype_t (valid: 0..9, COMM_FLOAT32..COMM_UINT64)");
+  if (reduces(a.kind) && !op_valid(raw_op))
+    return InvalidArgument(where + "op " + std::to_string(raw_op) +
+                           " is not a comm_op_t (valid: 0..4, COMM_SUM..COMM_AVG)");
+  if ((a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) && (a.root < 0 || a.root >= c->size))
+    return InvalidArgument(where + "root " + std::to_string(a.root) + " is not a rank of this communicator (0.." +
+                           std::to_string(c->size - 1) + ")");
+  if (a.kind == CollKind::kSendRecv) {
+    if (a.peer < 0 || a.peer >= c->size)
+      return InvalidArgument(where + "peer " + std::to_string(a.peer) + " is not a rank of this communicator (0.." +
+                             std::to_string(c->size - 1) + ")");
+    if (a.peer == c->rank)
+      return InvalidArgument(where + "peer " + std::to_string(a.peer) +
+                             " is this rank; sending to oneself is not supported, copy the buffer instead");
+  }
+  // Total elements a buffer of this call spans, to catch overflow before anything moves.
+  size_t span = 1;
+  if (a.kind == CollKind::kAllgather || a.kind == CollKind::kReduceScatter || a.kind == CollKind::kAlltoall)
+    span = static_cast<size_t>(c->size);
+  size_t elems = 0, bytes = 0;
+  if (__builtin_mul_overflow(a.count, span, &elems) ||
+      __builtin_mul_overflow(elems, dtype_size(a.dtype), &bytes) || bytes > static_cast<size_t>(PTRDIFF_MAX))
+    return InvalidArgument(where + "count " + std::to_string(a.count) + " of " + dtype_name(a.dtype) +
+                           (span > 1 ? " x " + std::to_string(span) + " ranks" : std::string()) +
+                           " overflows the address space; pass the element count, not a byte count");
+  if (a.count == 0) return Status::Ok();
+  bool need_send = true, need_recv = true;
+  switch (a.kind) {
+    case CollKind::kBroadcast: need_send = c->rank == a.root; break;
+    case CollKind::kReduce: need_recv = c->rank == a.root; break;
+    case CollKind::kBarrier: need_send = need_recv = false; break;
+    case CollKind::kSendRecv: need_send = a.sendbuf != nullptr || a.recvbuf == nullptr; need_recv = !need_send; break;
+    default: break;
+  }
+  const char* count_hint = "; pass a buffer (NULL is allowed only when count is 0)";
+  if (need_send && a.sendbuf == nullptr)
+    return InvalidArgument(where + (a.kind == CollKind::kSendRecv ? "buf" : "sendbuf") + std::string(" is NULL with count ") +
+                           std::to_string(a.count) + count_hint);
+  if (need_recv && a.recvbuf == nullptr)
+    return InvalidArgument(where + (a.kind == CollKind::kSendRecv ? "buf" : "recvbuf") + std::string(" is NULL with count ") +
+                           std::to_string(a.count) + count_hint);
+  return Status::Ok();
+}
+
+// The one path every collective entry point takes: validate, then run now (blocking),
+// queue (non-blocking) or record (inside a group).
+comm_status_t issue(comm_t c, algo::CollArgs a, int raw_dtype, int raw_op, comm_stream_t stream,
+                    comm_request_t* req, bool nonblocking) {
+  const char* fn = fn_name(a.kind, nonblocking);
+  return guarded(fn, [&]() -> Status {
+    if (c == nullptr) return InvalidArgument(std::string(fn) + ": comm is NULL; pass a communicator from comm_init");
+    std::string where = "rank " + std::to_string(c->rank) + ", " + fn + ": ";
+    if (nonblocking && req == nullptr) return InvalidArgument(where + "the request pointer is NULL");
+    if (c->aborted.load(std::memory_order_acquire))
+      return Aborted(where + "the communicator was aborted (comm_abort); destroy it and make a new one");
+    if (stream != nullptr)
+      return Unavailable(where + "a non-NULL stream means device buffers, which need the NCCL backend; "
+                                 "this build has none yet. Pass NULL for host buffers");
+    a.dtype = static_cast<comm_dtype_t>(raw_dtype);
+    a.op = reduces(a.kind) ? static_cast<comm_op_t>(raw_op) : COMM_SUM;
+    if (!dtype_valid(raw_dtype)) a.dtype = COMM_UINT8;  // keep validate's size arithmetic defined
+    COMM_RETURN_IF_ERROR(validate(c, a, raw_dtype, raw_op, where));
+    if (nonblocking) return enqueue(c, a, req);
+    if (in_group()) {
+      COMM_RETURN_IF_ERROR(check_usable(c));
+      stamp(c, &a);
+      group_add(c, a);
+      return Status::Ok();
+    }
+    return run_blocking(c, a);
+  });
+}
+
+}  // namespace
+
+// send/recv of zero elements may pass NULL; a non-NULL marker keeps which direction the
+// call is (sendbuf set: send), so per-peer sequence numbers stay in step. Never dereferenced.
+static char empty_marker;
+void* const kEmptyBuffer = &empty_marker;
+
+namespace {
+
+algo::CollArgs make(CollKind kind, const void* sendbuf, void* recvbuf, size_t count) {
+  algo::CollArgs a;
+  a.kind = kind;
+  a.sendbuf = sendbuf;
+  a.recvbuf = recvbuf;
+  a.count = count;
+  return a;
+}
+
+}  // namespace
+}  // namespace comm
+
+using comm::transport::CollKind;
+
+extern "C" {
+
+COMM_API comm_status_t comm_allreduce(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t, comm_op_t op,
+                                      comm_stream_t stream) {
+  return comm::issue(c, comm::make(CollKind::kAllreduce, s, r, n), t, op, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_iallreduce(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t, comm_op_t op,
+                                       comm_request_t* req) {
+  return comm::issue(c, comm::make(CollKind::kAllreduce, s, r, n), t, op, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_broadcast(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t, int root,
+                                      comm_stream_t stream) {
+  auto a = comm::make(CollKind::kBroadcast, s, r, n);
+  a.root = root;
+  return comm::issue(c, a, t, COMM_SUM, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_ibroadcast(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t, int root,
+                                       comm_request_t* req) {
+  auto a = comm::make(CollKind::kBroadcast, s, r, n);
+  a.root = root;
+  return comm::issue(c, a, t, COMM_SUM, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_reduce(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t, comm_op_t op, int root,
+                                   comm_stream_t stream) {
+  auto a = comm::make(CollKind::kReduce, s, r, n);
+  a.root = root;
+  return comm::issue(c, a, t, op, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_ireduce(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t, comm_op_t op, int root,
+                                    comm_request_t* req) {
+  auto a = comm::make(CollKind::kReduce, s, r, n);
+  a.root = root;
+  return comm::issue(c, a, t, op, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_allgather(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t,
+                                      comm_stream_t stream) {
+  return comm::issue(c, comm::make(CollKind::kAllgather, s, r, n), t, COMM_SUM, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_iallgather(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t,
+                                       comm_request_t* req) {
+  return comm::issue(c, comm::make(CollKind::kAllgather, s, r, n), t, COMM_SUM, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_reduce_scatter(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t, comm_op_t op,
+                                           comm_stream_t stream) {
+  return comm::issue(c, comm::make(CollKind::kReduceScatter, s, r, n), t, op, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_ireduce_scatter(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t, comm_op_t op,
+                                            comm_request_t* req) {
+  return comm::issue(c, comm::make(CollKind::kReduceScatter, s, r, n), t, op, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_alltoall(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t,
+                                     comm_stream_t stream) {
+  return comm::issue(c, comm::make(CollKind::kAlltoall, s, r, n), t, COMM_SUM, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_ialltoall(comm_t c, const void* s, void* r, size_t n, comm_dtype_t t,
+                                      comm_request_t* req) {
+  return comm::issue(c, comm::make(CollKind::kAlltoall, s, r, n), t, COMM_SUM, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_barrier(comm_t c, comm_stream_t stream) {
+  return comm::issue(c, comm::make(CollKind::kBarrier, nullptr, nullptr, 0), COMM_UINT8, COMM_SUM, stream, nullptr,
+                     false);
+}
+COMM_API comm_status_t comm_ibarrier(comm_t c, comm_request_t* req) {
+  return comm::issue(c, comm::make(CollKind::kBarrier, nullptr, nullptr, 0), COMM_UINT8, COMM_SUM, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_send(comm_t c, const void* buf, size_t n, comm_dtype_t t, int peer, comm_stream_t stream) {
+  auto a = comm::make(CollKind::kSendRecv, buf, nullptr, n);
+  a.peer = peer;
+  if (buf == nullptr && n == 0) a.sendbuf = comm::kEmptyBuffer;  // keeps the direction; nothing is read
+  return comm::issue(c, a, t, COMM_SUM, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_isend(comm_t c, const void* buf, size_t n, comm_dtype_t t, int peer, comm_request_t* req) {
+  auto a = comm::make(CollKind::kSendRecv, buf, nullptr, n);
+  a.peer = peer;
+  if (buf == nullptr && n == 0) a.sendbuf = comm::kEmptyBuffer;
+  return comm::issue(c, a, t, COMM_SUM, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_recv(comm_t c, void* buf, size_t n, comm_dtype_t t, int peer, comm_stream_t stream) {
+  auto a = comm::make(CollKind::kSendRecv, nullptr, buf, n);
+  a.peer = peer;
+  if (buf == nullptr && n == 0) a.recvbuf = comm::kEmptyBuffer;
+  return comm::issue(c, a, t, COMM_SUM, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_irecv(comm_t c, void* buf, size_t n, comm_dtype_t t, int peer, comm_request_t* req) {
+  auto a = comm::make(CollKind::kSendRecv, nullptr, buf, n);
+  a.peer = peer;
+  if (buf == nullptr && n == 0) a.recvbuf = comm::kEmptyBuffer;
+  return comm::issue(c, a, t, COMM_SUM, nullptr, req, true);
+}
+
+}  // extern "C"

@@ -1,1 +1,300 @@
-// placeholder
+// Communicator lifecycle: rendezvous, the init agreement check, transport setup,
+// children (dup/split) and teardown.
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "communicator.h"
+#include "log.h"
+#include "params.h"
+#include "rendezvous.h"
+#include "transports/socket/socket_transport.h"
+
+namespace comm {
+namespace {
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// Ranks are on one host when hostname, boot id and network namespace all match
+// (simulated hosts live in separate namespaces), or when COMM_HOST_ID says so.
+std::string host_identity() {
+  if (auto id = params::env("COMM_HOST_ID")) return "id:" + *id;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  struct stat ns {};
+  std::string netns = stat("/proc/self/ns/net", &ns) == 0 ? std::to_string(ns.st_ino) : "?";
+  return std::string(host) + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" + netns;
+}
+
+Status random_secret(std::string* out) {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return SystemError("getrandom failed: " + errno_string(errno));
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  out->clear();
+  for (unsigned char b : bytes) {
+    out->push_back(hex[b >> 4]);
+    out->push_back(hex[b & 15]);
+  }
+  return Status::Ok();
+}
+
+// FNV-1a of the tuning profile, so ranks that loaded different profiles are caught at init.
+Status tuning_hash(std::string* out) {
+  std::string path;
+  COMM_RETURN_IF_ERROR(params::get_string("COMM_TUNING_FILE", &path));
+  if (path.empty()) {
+    *out = "none";
+    return Status::Ok();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgument("COMM_TUNING_FILE='" + path + "' cannot be read; fix the path or unset it");
+  std::stringstream content;
+  content << in.rdbuf();
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : content.str()) h = (h ^ ch) * 1099511628211ull;
+  char buf[32];
+  snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  *out = buf;
+  return Status::Ok();
+}
+
+Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
+  if (cfg.timeout_ms != COMM_UNSET) {
+    if (cfg.timeout_ms <= 0)
+      return InvalidArgument("comm_config_t.timeout_ms=" + std::to_string(cfg.timeout_ms) +
+                             " must be positive (or COMM_UNSET)");
+    s->timeout_ms = cfg.timeout_ms;
+  } else {
+    int64_t t = 0;
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_TIMEOUT_MS", 1, INT32_MAX, &t));
+    s->timeout_ms = static_cast<int>(t);
+  }
+  if (cfg.transport != nullptr) {
+    s->transport = cfg.transport;
+  } else {
+    COMM_RETURN_IF_ERROR(params::get_string("COMM_TRANSPORT", &s->transport));
+  }
+  for (auto& ch : s->transport) ch = static_cast<char>(tolower(static_cast<unsigned char>(ch)));
+  if (s->transport == "shm" || s->transport == "ucx")
+    return Unavailable("transport '" + s->transport +
+                       "' is not available in this build; use COMM_TRANSPORT=auto or socket");
+  if (s->transport != "auto" && s->transport != "socket")
+    return InvalidArgument("transport '" + s->transport + "' is unknown; use auto or socket");
+  COMM_RETURN_IF_ERROR(params::get_string("COMM_ALGO", &s->forced_algo));
+  int64_t chunk = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
+  s->chunk_bytes = static_cast<size_t>(chunk);
+  return tuning_hash(&s->tuning_hash);
+}
+
+// What every rank must agree on, as ordered (name, value) pairs.
+using Fingerprint = std::vector<std::pair<std::string, std::string>>;
+
+Fingerprint fingerprint(int world_size, const CommSettings& s) {
+  return {
+      {"world size (WORLD_SIZE / comm_config_t.world_size)", std::to_string(world_size)},
+      {"transport (COMM_TRANSPORT / comm_config_t.transport)", s.transport},
+      {"timeout (COMM_TIMEOUT_MS / comm_config_t.timeout_ms)", std::to_string(s.timeout_ms)},
+      {"tuning profile hash (COMM_TUNING_FILE)", s.tuning_hash},
+      {"ABI version", std::to_string(COMM_ABI_VERSION_MAJOR) + "." + std::to_string(COMM_ABI_VERSION_MINOR)},
+  };
+}
+
+std::string encode(const Fingerprint& fp) {
+  std::string text;
+  for (const auto& [k, v] : fp) text += k + "\x1f" + v + "\x1e";
+  return text;
+}
+
+Fingerprint decode(const std::string& text) {
+  Fingerprint fp;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t sep = text.find('\x1f', pos), end = text.find('\x1e', pos);
+    if (sep == std::string::npos || end == std::string::npos || sep > end) break;
+    fp.emplace_back(text.substr(pos, sep - pos), text.substr(sep + 1, end - sep - 1));
+    pos = end + 1;
+  }
+  return fp;
+}
+
+// "" when equal, else what differs, naming both ranks.
+std::string compare(const Fingerprint& mine, int my_rank, const Fingerprint& theirs, int their_rank) {
+  std::string diff;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    std::string other = i < theirs.size() ? theirs[i].second : "(missing)";
+    if (mine[i].second != other) {
+      if (!diff.empty()) diff += "; ";
+      diff += mine[i].first + ": rank " + std::to_string(my_rank) + " has '" + mine[i].second + "' but rank " +
+              std::to_string(their_rank) + " has '" + other + "'";
+    }
+  }
+  return diff;
+}
+
+// Rank 0 collects every rank's fingerprint and publishes one verdict (plus the job secret),
+// so every rank fails the same way, naming the difference, or none does.
+Status agree(Store& store, int rank, int size, const CommSettings& s, std::string* secret) {
+  Deadline deadline = Deadline::after_ms(s.timeout_ms);
+  Fingerprint mine = fingerprint(size, s);
+  COMM_RETURN_IF_ERROR(store.set("init/fp/" + std::to_string(rank), encode(mine)));
+  if (rank == 0) {
+    std::string problems;
+    for (int r = 1; r < size; ++r) {
+      std::string text;
+      Status st = store.get("init/fp/" + std::to_string(r), &text, deadline);
+      if (!st.ok())
+        return Timeout("rank " + std::to_string(r) + " never joined within " + std::to_string(s.timeout_ms) +
+                       " ms (is it running, with the same MASTER_ADDR/MASTER_PORT or init_method?)");
+      std::string diff = compare(mine, 0, decode(text), r);
+      if (!diff.empty()) problems += (problems.empty() ? "" : "; ") + diff;
+    }
+    COMM_RETURN_IF_ERROR(random_secret(secret));
+    std::string verdict = problems.empty() ? "OK\n" + *secret + "\n" + encode(mine) : "FAIL\n" + problems;
+    COMM_RETURN_IF_ERROR(store.set("init/verdict", verdict));
+    if (!problems.empty()) {
+      // Stay until every rank has read the verdict: our process may hold the store.
+      for (int r = 1; r < size; ++r) {
+        std::string ignored;
+        (void)store.get("init/ack/" + std::to_string(r), &ignored, deadline);
+      }
+      return InvalidUsage("ranks disagree at init: " + problems + "; start every rank with the same settings");
+    }
+    return Status::Ok();
+  }
+  std::string verdict;
+  Status st = store.get("init/verdict", &verdict, deadline);
+  if (!st.ok()) return Timeout("rank 0 did not finish the init check within " + std::to_string(s.timeout_ms) + " ms");
+  (void)store.set("init/ack/" + std::to_string(rank), "1");
+  if (verdict.rfind("FAIL\n", 0) == 0)
+    return InvalidUsage("ranks disagree at init: " + verdict.substr(5) + "; start every rank with the same settings");
+  size_t nl = verdict.find('\n', 3);
+  if (verdict.rfind("OK\n", 0) != 0 || nl == std::string::npos) return Internal("malformed init verdict in the store");
+  *secret = verdict.substr(3, nl - 3);
+  std::string diff = compare(mine, rank, decode(verdict.substr(nl + 1)), 0);
+  if (!diff.empty())
+    return InvalidUsage("ranks disagree at init: " + diff + "; start every rank with the same settings");
+  return Status::Ok();
+}
+
+// A communicator of one rank has no peers; algorithms only copy locally, so any
+// attempt to reach a peer is a bug worth a clear message.
+class LoneTransport final : public transport::Transport {
+ public:
+  explicit LoneTransport(transport::Options o) : Transport(std::move(o)) {}
+  const char* name() const override { return "none (1 rank)"; }
+  Status isend(int peer, const transport::OpTag&, const void*, size_t, transport::RequestId*) override {
+    return Internal("send to rank " + std::to_string(peer) + " in a communicator of one rank");
+  }
+  Status irecv(int peer, const transport::OpTag&, void*, size_t, transport::RequestId*) override {
+    return Internal("receive from rank " + std::to_string(peer) + " in a communicator of one rank");
+  }
+  Status wait(const transport::RequestId*, size_t n) override {
+    return n == 0 ? Status::Ok() : Internal("wait in a communicator of one rank");
+  }
+  Status test(transport::RequestId, bool* done) override {
+    *done = true;
+    return Status::Ok();
+  }
+  void notify_peers(const Status&) override {}
+  void abort() override {}
+};
+
+Status connect_transport(comm_t c) {
+  transport::Options opt;
+  opt.rank = c->rank;
+  opt.size = c->size;
+  opt.timeout_ms = c->settings.timeout_ms;
+  opt.secret = c->secret;
+  opt.store = make_prefix_store(c->job_store, "comm/" + c->id + "/socket");
+  opt.comm_label = "comm " + c->id;
+  if (c->size > 1)
+    COMM_RETURN_IF_ERROR(transport::create_socket_transport(opt, &c->transport));
+  else
+    c->transport = std::make_unique<LoneTransport>(opt);
+  c->send_seq.assign(static_cast<size_t>(c->size), 0);
+  c->recv_seq.assign(static_cast<size_t>(c->size), 0);
+  return Status::Ok();
+}
+
+// init returns only once every rank is connected, so nobody tears the store down early.
+Status init_barrier(comm_t c) {
+  if (c->size == 1) return Status::Ok();
+  algo::CollArgs args;
+  args.kind = transport::CollKind::kBarrier;
+  stamp(c, &args);
+  args.tag.coll = transport::CollKind::kInternal;
+  return execute(c, args);
+}
+
+}  // namespace
+
+Status init_communicator(const comm_config_t& cfg, comm_t* out) {
+  auto c = std::make_unique<comm_s>();
+  COMM_RETURN_IF_ERROR(resolve_settings(cfg, &c->settings));
+  Identity id;
+  COMM_RETURN_IF_ERROR(resolve_identity(cfg, &id));
+  c->rank = id.rank;
+  c->size = id.world_size;
+  c->id = "0";
+  log::set_thread_rank(c->rank);
+  std::string token;
+  COMM_RETURN_IF_ERROR(params::get_string("COMM_AUTH_TOKEN", &token));
+  COMM_RETURN_IF_ERROR(open_store(id, c->settings.timeout_ms, token, &c->job_store));
+  COMM_RETURN_IF_ERROR(agree(*c->job_store, c->rank, c->size, c->settings, &c->secret));
+  (void)c->job_store->set("host/" + std::to_string(c->rank), host_identity());
+  COMM_RETURN_IF_ERROR(connect_transport(c.get()));
+  COMM_RETURN_IF_ERROR(init_barrier(c.get()));
+  COMM_INFO(kInit, "rank %d of %d ready (init %s, transport %s, timeout %d ms)", c->rank, c->size,
+            id.init_method.c_str(), c->transport->name(), c->settings.timeout_ms);
+  *out = c.release();
+  return Status::Ok();
+}
+
+Status create_child(comm_t parent, const std::string& id, int rank, int size, comm_t* out) {
+  auto c = std::make_unique<comm_s>();
+  c->rank = rank;
+  c->size = size;
+  c->id = id;
+  c->settings = parent->settings;
+  c->secret = parent->secret;
+  c->job_store = parent->job_store;
+  COMM_RETURN_IF_ERROR(connect_transport(c.get()));
+  COMM_RETURN_IF_ERROR(init_barrier(c.get()));
+  COMM_INFO(kInit, "comm %s: rank %d of %d ready", id.c_str(), rank, size);
+  *out = c.release();
+  return Status::Ok();
+}
+
+void destroy_communicator(comm_t c) {
+  {
+    std::lock_guard<std::mutex> lock(c->queue_mu);
+    c->worker_stop = true;
+  }
+  c->queue_cv.notify_all();
+  if (c->worker.joinable()) c->worker.join();  // drains: every queued call is bounded by the timeout
+  for (auto* r : c->free_requests) delete r;
+  c->transport.reset();
+  delete c;
+}
+
+}  // namespace comm

@@ -1,0 +1,98 @@
+// The communicator behind the opaque comm_t: identity, transport, sequence numbers,
+// the broken/aborted state, and the worker that runs non-blocking calls in issue order.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algorithms/algorithm.h"
+#include "algorithms/scratch.h"
+#include "comm/comm.h"
+#include "status.h"
+#include "store/store.h"
+#include "transports/transport.h"
+
+struct comm_request_s {
+  comm_t comm = nullptr;
+  comm::algo::CollArgs args;
+  bool done = false;  // guarded by the communicator's queue mutex
+  comm::Status status;
+};
+
+namespace comm {
+
+// Settings every rank must share, and the job's rendezvous results.
+struct CommSettings {
+  int timeout_ms = 600000;
+  std::string transport = "auto";
+  std::string forced_algo;   // COMM_ALGO
+  size_t chunk_bytes = 512 * 1024;
+  std::string tuning_hash = "none";
+};
+
+}  // namespace comm
+
+struct comm_s {
+  int rank = 0;
+  int size = 1;
+  std::string id;  // "0" for the world, "0.d1", "0.s2c1" for children: unique per job
+  comm::CommSettings settings;
+  std::string secret;
+  std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
+  std::unique_ptr<comm::transport::Transport> transport;
+  comm::algo::Scratch scratch;
+
+  // Issue-order state, touched only by the thread that uses the communicator.
+  uint64_t next_seq = 1;
+  uint64_t children = 0;
+  std::vector<uint64_t> send_seq, recv_seq;  // per peer, for send/recv matching
+
+  // Failure state: aborted by comm_abort; broken after any error that involved peers.
+  std::atomic<bool> aborted{false};
+  std::mutex state_mu;
+  comm::Status broken;       // first peer-involving failure; sticky
+  comm::Status async_error;  // first failure of a background (non-blocking) operation
+
+  // The worker: runs non-blocking calls in issue order. Started on first use.
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  std::deque<comm_request_s*> queue;
+  bool worker_busy = false;
+  bool worker_stop = false;
+  std::thread worker;
+  std::vector<comm_request_s*> free_requests;  // recycled, so steady state allocates nothing
+};
+
+namespace comm {
+
+// Creates the world communicator: identity, store, agreement check, transport.
+Status init_communicator(const comm_config_t& cfg, comm_t* out);
+// Children share the job store and secret; every member calls with the same id.
+Status create_child(comm_t parent, const std::string& id, int rank, int size, comm_t* out);
+void destroy_communicator(comm_t comm);
+
+// Fails fast when the communicator is aborted or broken (with the error it broke with).
+Status check_usable(comm_t comm);
+// Stamps the tag (sequence number etc.) in issue order; call on the issuing thread.
+void stamp(comm_t comm, algo::CollArgs* args);
+// Runs one stamped call now on this thread; records a peer-involving failure as broken.
+Status execute(comm_t comm, const algo::CollArgs& args);
+// Blocking entry: waits for earlier non-blocking calls (issue order), then executes.
+Status run_blocking(comm_t comm, algo::CollArgs args);
+// Non-blocking entry: stamps and queues for the worker.
+Status enqueue(comm_t comm, algo::CollArgs args, comm_request_s** req);
+Status wait_request(comm_request_s* req);
+Status test_request(comm_request_s* req, bool* done);
+// Several send/recv calls posted together and waited on together (group semantics).
+Status execute_p2p_batch(comm_t comm, const std::vector<algo::CollArgs>& calls);
+
+// "rank 2, allreduce #17: "
+std::string context(comm_t comm, const algo::CollArgs& args);
+
+}  // namespace comm

@@ -1,0 +1,61 @@
+#include "group.h"
+
+#include <utility>
+#include <vector>
+
+#include "communicator.h"
+
+namespace comm {
+namespace {
+
+struct GroupState {
+  int depth = 0;
+  std::vector<std::pair<comm_t, algo::CollArgs>> calls;
+};
+thread_local GroupState t_group;
+
+}  // namespace
+
+void group_start() { ++t_group.depth; }
+
+bool in_group() { return t_group.depth > 0; }
+
+void group_add(comm_t comm, const algo::CollArgs& args) { t_group.calls.emplace_back(comm, args); }
+
+Status group_end() {
+  if (t_group.depth == 0)
+    return InvalidUsage("comm_group_end without a matching comm_group_start");
+  if (--t_group.depth > 0) return Status::Ok();
+  auto calls = std::move(t_group.calls);
+  t_group.calls.clear();
+
+  // Per communicator, in order of first appearance: all sends and receives posted together,
+  // then the collectives in issue order. (Sends/receives spanning several communicators in
+  // one group are progressed one communicator at a time.)
+  std::vector<comm_t> comms;
+  for (auto& [c, args] : calls) {
+    bool seen = false;
+    for (comm_t k : comms) seen = seen || k == c;
+    if (!seen) comms.push_back(c);
+  }
+  Status first;
+  for (comm_t c : comms) {
+    {
+      std::unique_lock<std::mutex> lock(c->queue_mu);
+      c->queue_cv.wait(lock, [&] { return c->queue.empty() && !c->worker_busy; });
+    }
+    std::vector<algo::CollArgs> p2p;
+    for (auto& [k, args] : calls)
+      if (k == c && args.kind == transport::CollKind::kSendRecv) p2p.push_back(args);
+    Status st = execute_p2p_batch(c, p2p);
+    if (!st.ok() && first.ok()) first = st;
+    for (auto& [k, args] : calls) {
+      if (k != c || args.kind == transport::CollKind::kSendRecv) continue;
+      st = execute(c, args);
+      if (!st.ok() && first.ok()) first = st;
+    }
+  }
+  return first;
+}
+
+}  // namespace comm
