@@ -14,7 +14,7 @@ const std::vector<Param>& all() {
        "comma list of INIT,NET,COLL,STORE,ENV,ALG,ALL; a leading ^ excludes", nullptr},
       {"COMM_TIMEOUT_MS", Type::kInt, "600000",
        "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr},
-      {"COMM_TRANSPORT", Type::kEnum, "auto", "host transport between ranks", "auto,socket"},
+      {"COMM_TRANSPORT", Type::kEnum, "auto", "host transport between ranks (shm and ucx: not in this build yet)", "auto,socket,shm,ucx"},
       {"COMM_AUTH_TOKEN", Type::kString, "", "peers without the same token are refused at rendezvous",
        nullptr},
       {"COMM_TUNING_FILE", Type::kString, "", "tuning profile (JSON) written by comm-tune", nullptr},
