@@ -1,0 +1,53 @@
+# shellcheck shell=bash
+# Shared by bench.sh and test.sh: install what is missing, configure and build. Sourced, not run.
+# Every step says what it does; running it again does only what is still needed.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+# Debian 12 packages the build and the tests need (DESIGN.md: optional parts switch on when found).
+PACKAGES=(meson ninja-build pkg-config g++ libhwloc-dev libucx-dev libibverbs-dev catch2
+          nlohmann-json3-dev libcli11-dev)
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf '\nerror: %s\n' "$*" >&2; exit 1; }
+
+installed() { dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed'; }
+
+install_missing() {
+  step "checking packages: ${PACKAGES[*]}"
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    installed "$p" || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "all present"
+    return
+  fi
+  local sudo=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null || die "missing packages (${missing[*]}); run as root to install them"
+    sudo=(sudo)
+  fi
+  step "installing: ${missing[*]} (apt-get update, then apt-get install)"
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# build_in DIR [MESON OPTIONS...]: configure DIR once (options applied again on later runs), then build.
+build_in() {
+  local dir=$1
+  shift
+  if [[ -f "$dir/meson-private/coredata.dat" ]]; then
+    if (($# > 0)); then
+      step "configuring $dir: $*"
+      meson configure "$dir" "$@"
+    fi
+  else
+    step "configuring $dir: meson setup $dir $*"
+    meson setup "$dir" "$@"
+  fi
+  step "building $dir: ninja -C $dir${NINJA_JOBS:+ -j $NINJA_JOBS}"
+  ninja -C "$dir" ${NINJA_JOBS:+-j "$NINJA_JOBS"}
+}

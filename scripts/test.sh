@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install what is missing, build, run every test, then the unit tests under ASan+UBSan.
+#   COMM_ASAN_TESTS   Catch2 test spec for the sanitizer tier (default: "~[slow]", every unit
+#                     test not tagged [slow]); e.g. COMM_ASAN_TESTS='[reduce]' ./scripts/test.sh
+#   SKIP_ASAN=1       skip the sanitizer tier
+#   NINJA_JOBS=N      build with N jobs
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+install_missing
+build_in build
+
+failed=()
+
+# The deadline and process-death tests are marked is_parallel: false; meson runs them one at a time.
+step "running every test: meson test -C build --print-errorlogs"
+meson test -C build --print-errorlogs || failed+=("tests in build/")
+
+if [[ "${SKIP_ASAN:-0}" != 1 ]]; then
+  # ASan makes every large buffer a fresh first touch: this tier runs the unit tests only.
+  build_in build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+  spec=${COMM_ASAN_TESTS-"~[slow]"}
+  step "sanitizer tier: meson test -C build-asan unit (Catch2 spec: '${spec}')"
+  args=(-C build-asan --print-errorlogs --timeout-multiplier 3)
+  [[ -n "$spec" ]] && args+=(--test-args "$spec")
+  ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1} \
+  UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
+  UCX_MEM_EVENTS=no \
+    meson test "${args[@]}" unit || failed+=("unit tests under ASan+UBSan (build-asan/)")
+fi
+
+if ((${#failed[@]} > 0)); then
+  step "FAILED: ${failed[*]}"
+  exit 1
+fi
+step "all tests passed"
