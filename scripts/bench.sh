@@ -5,10 +5,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 install_missing
-build_in build
+build_in "$BUILD_DIR"
 
 # --quiet-prefix: rank 0's table stays exactly nccl-tests' format; other ranks' lines get "[rank] ".
-cmd=(build/tools/comm-run/comm-run -n 4 --quiet-prefix --
-     build/bench/comm-bench -b 8 -e 64M -f 4 -n 20 -w 5 -c 1 "$@")
+cmd=("$BUILD_DIR/tools/comm-run/comm-run" -n 4 --quiet-prefix --
+     "$BUILD_DIR/bench/comm-bench" -b 8 -e 64M -f 4 -n 20 -w 5 -c 1 "$@")
 step "running: ${cmd[*]}"
 exec "${cmd[@]}"

@@ -10,6 +10,10 @@ cd "$ROOT"
 PACKAGES=(meson ninja-build pkg-config g++ libhwloc-dev libucx-dev libibverbs-dev catch2
           nlohmann-json3-dev libcli11-dev)
 
+# Build directories (override to keep several builds side by side).
+BUILD_DIR=${BUILD_DIR:-build}
+ASAN_BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
+
 step() { printf '\n==> %s\n' "$*"; }
 die() { printf '\nerror: %s\n' "$*" >&2; exit 1; }
 

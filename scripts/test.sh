@@ -4,29 +4,30 @@
 #                     test not tagged [slow]); e.g. COMM_ASAN_TESTS='[reduce]' ./scripts/test.sh
 #   SKIP_ASAN=1       skip the sanitizer tier
 #   NINJA_JOBS=N      build with N jobs
+#   BUILD_DIR, ASAN_BUILD_DIR   build directories (default build, build-asan)
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 install_missing
-build_in build
+build_in "$BUILD_DIR"
 
 failed=()
 
 # The deadline and process-death tests are marked is_parallel: false; meson runs them one at a time.
-step "running every test: meson test -C build --print-errorlogs"
-meson test -C build --print-errorlogs || failed+=("tests in build/")
+step "running every test: meson test -C $BUILD_DIR --print-errorlogs"
+meson test -C "$BUILD_DIR" --print-errorlogs || failed+=("tests in $BUILD_DIR/")
 
 if [[ "${SKIP_ASAN:-0}" != 1 ]]; then
   # ASan makes every large buffer a fresh first touch: this tier runs the unit tests only.
-  build_in build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+  build_in "$ASAN_BUILD_DIR" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
   spec=${COMM_ASAN_TESTS-"~[slow]"}
-  step "sanitizer tier: meson test -C build-asan unit (Catch2 spec: '${spec}')"
-  args=(-C build-asan --print-errorlogs --timeout-multiplier 3)
+  step "sanitizer tier: meson test -C $ASAN_BUILD_DIR unit (Catch2 spec: '${spec}')"
+  args=(-C "$ASAN_BUILD_DIR" --print-errorlogs --timeout-multiplier 3)
   [[ -n "$spec" ]] && args+=(--test-args "$spec")
   ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
   UCX_MEM_EVENTS=no \
-    meson test "${args[@]}" unit || failed+=("unit tests under ASan+UBSan (build-asan/)")
+    meson test "${args[@]}" unit || failed+=("unit tests under ASan+UBSan ($ASAN_BUILD_DIR/)")
 fi
 
 if ((${#failed[@]} > 0)); then
