@@ -1,1 +1,565 @@
-// placeholder
+// The TCP store and the file store: real sockets on 127.0.0.1 only, real files in a temp dir.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "log.h"
+#include "store/store.h"
+
+using namespace comm;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* kLocal = "127.0.0.1";
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+TcpStoreOptions server_options(const std::string& token = "") {
+  TcpStoreOptions o;
+  o.host = kLocal;
+  o.port = 0;
+  o.is_server = true;
+  o.timeout_ms = 5000;
+  o.auth_token = token;
+  return o;
+}
+
+TcpStoreOptions client_options(int port, const std::string& token = "", int timeout_ms = 5000) {
+  TcpStoreOptions o;
+  o.host = kLocal;
+  o.port = port;
+  o.is_server = false;
+  o.timeout_ms = timeout_ms;
+  o.auth_token = token;
+  return o;
+}
+
+std::shared_ptr<Store> start_server(const std::string& token = "") {
+  std::shared_ptr<Store> s;
+  Status st = make_tcp_store(server_options(token), &s);
+  REQUIRE(st.message() == "");
+  REQUIRE(st.ok());
+  REQUIRE(tcp_store_port(*s) > 0);
+  return s;
+}
+
+std::shared_ptr<Store> connect_client(int port, const std::string& token = "") {
+  std::shared_ptr<Store> c;
+  Status st = make_tcp_store(client_options(port, token), &c);
+  REQUIRE(st.message() == "");
+  REQUIRE(st.ok());
+  return c;
+}
+
+// Sends what the server's log lines say to a file while alive, so tests can read them.
+class CapturedStderr {
+ public:
+  CapturedStderr() {
+    char name[] = "/tmp/libcomm_test_stderr_XXXXXX";
+    fd_ = mkstemp(name);
+    REQUIRE(fd_ >= 0);
+    path_ = name;
+    saved_ = dup(STDERR_FILENO);
+    dup2(fd_, STDERR_FILENO);
+    // Make sure warnings from the store are printed, whatever COMM_DEBUG says.
+    (void)log::enabled(log::Level::kWarn, log::kStore);
+    level_ = log::g_level.load();
+    subsys_ = log::g_subsys.load();
+    if (level_ < static_cast<int>(log::Level::kWarn)) log::g_level.store(static_cast<int>(log::Level::kWarn));
+    log::g_subsys.store(subsys_ | log::kStore);
+  }
+  ~CapturedStderr() {
+    dup2(saved_, STDERR_FILENO);
+    close(saved_);
+    close(fd_);
+    unlink(path_.c_str());
+    log::g_level.store(level_);
+    log::g_subsys.store(subsys_);
+  }
+  std::string text() const {
+    std::ifstream in(path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // The server logs from its own thread: wait a little for the line to land.
+  bool wait_for(const std::string& needle) const {
+    for (int i = 0; i < 200; ++i) {
+      if (text().find(needle) != std::string::npos) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+  int saved_ = -1;
+  std::string path_;
+  int level_ = 0;
+  uint32_t subsys_ = 0;
+};
+
+// A raw socket to the store, for speaking garbage to it.
+int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, kLocal, &a.sin_addr);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+
+// True when the peer closes the connection within 3 s.
+bool closed_by_peer(int fd) {
+  auto start = Clock::now();
+  while (ms_since(start) < 3000) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[256];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+  }
+  return false;
+}
+
+// A port on 127.0.0.1 that is bound (so nobody else takes it) but never listened on.
+struct UnlistenedPort {
+  UnlistenedPort() {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, kLocal, &a.sin_addr);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~UnlistenedPort() { close(fd); }
+  int fd = -1;
+  int port = 0;
+};
+
+std::string frame_header(uint32_t magic, uint8_t op, uint32_t key_len, uint32_t value_len) {
+  std::string h;
+  auto put = [&](uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) h.push_back(static_cast<char>((v >> s) & 0xff));
+  };
+  put(magic);
+  h.push_back(static_cast<char>(op));
+  h.append(3, '\0');
+  put(key_len);
+  put(value_len);
+  return h;
+}
+
+void check_round_trip(Store& store, const std::string& key) {
+  REQUIRE(store.set(key, "value-of-" + key).ok());
+  std::string v;
+  Status st = store.get(key, &v, Deadline::after_ms(2000));
+  REQUIRE(st.message() == "");
+  REQUIRE(v == "value-of-" + key);
+}
+
+}  // namespace
+
+TEST_CASE("tcp store: ranks as threads see each other's sets and adds", "[store]") {
+  auto server = start_server();
+  int port = tcp_store_port(*server);
+  constexpr int kRanks = 4;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kRanks);
+  std::vector<int64_t> last_add(kRanks, 0);
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      std::shared_ptr<Store> store = server;  // rank 0 uses the server in-process
+      if (r != 0) {
+        Status st = make_tcp_store(client_options(port), &store);
+        if (!st.ok()) return void(errors[r] = st.message());
+      }
+      for (int i = 0; i < 50; ++i) {
+        int64_t v = 0;
+        Status st = store->add("counter", 1, &v);
+        if (!st.ok()) return void(errors[r] = st.message());
+        last_add[r] = v;
+      }
+      Status st = store->set("rank/" + std::to_string(r), std::string(1000 * (r + 1), static_cast<char>('a' + r)));
+      if (!st.ok()) return void(errors[r] = st.message());
+      for (int peer = 0; peer < kRanks; ++peer) {
+        std::string value;
+        st = store->get("rank/" + std::to_string(peer), &value, Deadline::after_ms(5000));
+        if (!st.ok()) return void(errors[r] = st.message());
+        if (value != std::string(1000 * (peer + 1), static_cast<char>('a' + peer)))
+          return void(errors[r] = "wrong value for rank " + std::to_string(peer));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) CHECK(errors[r] == "");
+  int64_t total = 0;
+  REQUIRE(server->add("counter", 0, &total).ok());
+  CHECK(total == kRanks * 50);
+  CHECK(*std::max_element(last_add.begin(), last_add.end()) == kRanks * 50);
+}
+
+TEST_CASE("tcp store: a get waits for a set made later by another rank", "[store]") {
+  auto server = start_server();
+  auto waiter = connect_client(tcp_store_port(*server));
+  auto setter = connect_client(tcp_store_port(*server));
+  for (Store* reader : {waiter.get(), server.get()}) {
+    std::string key = reader == server.get() ? "late/in-process" : "late/remote";
+    std::thread later([&] {
+      std::this_thread::sleep_for(300ms);
+      REQUIRE(setter->set(key, "arrived").ok());
+    });
+    auto start = Clock::now();
+    std::string value;
+    Status st = reader->get(key, &value, Deadline::after_ms(5000));
+    double elapsed = ms_since(start);
+    later.join();
+    REQUIRE(st.message() == "");
+    CHECK(value == "arrived");
+    CHECK(elapsed >= 250);
+    CHECK(elapsed < 3000);
+  }
+  // An add by the in-process server wakes a remote get parked on that key.
+  std::thread later([&] {
+    std::this_thread::sleep_for(200ms);
+    int64_t v = 0;
+    REQUIRE(server->add("late/added", 7, &v).ok());
+  });
+  std::string value;
+  Status st = waiter->get("late/added", &value, Deadline::after_ms(5000));
+  later.join();
+  REQUIRE(st.ok());
+  CHECK(value == "7");
+}
+
+TEST_CASE("tcp store: a get for a key nobody sets times out, naming the key", "[store]") {
+  auto server = start_server();
+  auto client = connect_client(tcp_store_port(*server));
+  for (Store* store : {client.get(), server.get()}) {
+    auto start = Clock::now();
+    std::string value;
+    Status st = store->get("never/set/key", &value, Deadline::after_ms(400));
+    double elapsed = ms_since(start);
+    CHECK(st.code() == COMM_ERR_TIMEOUT);
+    CHECK_THAT(st.message(), Catch::Contains("'never/set/key'"));
+    CHECK(elapsed >= 350);
+    CHECK(elapsed < 3000);
+  }
+  // The timed-out connection is not reused: later requests get their own answers.
+  check_round_trip(*client, "after-timeout");
+  REQUIRE(server->set("never/set/key", "late").ok());
+  std::string value;
+  REQUIRE(client->get("never/set/key", &value, Deadline::after_ms(2000)).ok());
+  CHECK(value == "late");
+}
+
+TEST_CASE("tcp store: a port in use is a system error naming the port", "[store]") {
+  auto first = start_server();
+  int port = tcp_store_port(*first);
+  TcpStoreOptions o = server_options();
+  o.port = port;
+  std::shared_ptr<Store> second;
+  Status st = make_tcp_store(o, &second);
+  CHECK(st.code() == COMM_ERR_SYSTEM);
+  CHECK_THAT(st.message(), Catch::Contains(std::to_string(port)));
+  CHECK_THAT(st.message(), Catch::Contains("in use"));
+  CHECK_THAT(st.message(), Catch::Contains("MASTER_PORT"));
+  CHECK(second == nullptr);
+  check_round_trip(*first, "still-serving");
+}
+
+TEST_CASE("tcp store: a client with the wrong auth token is refused, the right one accepted", "[store]") {
+  auto server = start_server("s3cret-token");
+  int port = tcp_store_port(*server);
+  for (std::string wrong : {"wrong-token", "", "s3cret-token-but-longer", "s3cret-tokeN"}) {
+    CapturedStderr log;
+    std::shared_ptr<Store> client;
+    auto start = Clock::now();
+    Status st = make_tcp_store(client_options(port, wrong), &client);
+    CHECK(ms_since(start) < 3000);  // refused at once, not retried until the timeout
+    CHECK(st.code() == COMM_ERR_INVALID_USAGE);
+    CHECK_THAT(st.message(), Catch::Contains("refused"));
+    CHECK_THAT(st.message(), Catch::Contains("COMM_AUTH_TOKEN"));
+    CHECK_THAT(st.message(), Catch::Contains("127.0.0.1:" + std::to_string(port)));
+    CHECK(client == nullptr);
+    CHECK(log.wait_for("refused connection from 127.0.0.1:"));
+  }
+  auto good = connect_client(port, "s3cret-token");
+  check_round_trip(*good, "authorised");
+}
+
+TEST_CASE("tcp store: a client sending garbage is dropped, others go on", "[store]") {
+  auto server = start_server();
+  int port = tcp_store_port(*server);
+  auto before = connect_client(port);  // connected before the garbage arrives
+  check_round_trip(*before, "before-garbage");
+
+  std::mt19937 rng(12345);
+  std::string noise(4096, '\0');
+  for (auto& c : noise) c = static_cast<char>(rng());
+  noise[0] = 'x';  // never the magic number
+  struct Case {
+    const char* name;
+    std::string bytes;
+    const char* logged;
+  };
+  std::vector<Case> cases = {
+      {"4 KiB of random bytes", noise, "bad magic"},
+      {"an oversized key length", frame_header(0x434d5354, 1, 1u << 20, 4), "key length"},
+      {"an oversized value length", frame_header(0x434d5354, 2, 4, 0x7fffffff), "value length"},
+      {"an unknown operation", frame_header(0x434d5354, 99, 0, 0), "unknown operation"},
+      {"a request before the hello", frame_header(0x434d5354, 3, 1, 0) + "k", "before the hello"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    CapturedStderr log;
+    int fd = raw_connect(port);
+    REQUIRE(send(fd, c.bytes.data(), c.bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(c.bytes.size()));
+    CHECK(closed_by_peer(fd));
+    close(fd);
+    CHECK(log.wait_for("dropping connection from 127.0.0.1:"));
+    CHECK_THAT(log.text(), Catch::Contains(c.logged));
+    // The server goes on: old and new clients are served.
+    check_round_trip(*before, std::string("after-") + c.name);
+    auto after = connect_client(port);
+    check_round_trip(*after, std::string("new-client-after-") + c.name);
+  }
+}
+
+TEST_CASE("tcp store: an unreachable store ends in a timeout, never a hang", "[store]") {
+  SECTION("a port bound but never listened on (connection refused)") {
+    UnlistenedPort closed_port;
+    auto start = Clock::now();
+    std::shared_ptr<Store> client;
+    Status st = make_tcp_store(client_options(closed_port.port, "", 800), &client);
+    double elapsed = ms_since(start);
+    CHECK(st.code() == COMM_ERR_TIMEOUT);
+    CHECK_THAT(st.message(), Catch::Contains("127.0.0.1:" + std::to_string(closed_port.port)));
+    CHECK_THAT(st.message(), Catch::Contains("800 ms"));
+    CHECK_THAT(st.message(), Catch::Contains("MASTER_ADDR"));
+    CHECK_THAT(st.message(), Catch::Contains("rank 0"));
+    CHECK(elapsed >= 700);
+    CHECK(elapsed < 3000);
+  }
+  SECTION("a listener that never accepts nor answers (connect succeeds, hello unanswered)") {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, kLocal, &a.sin_addr);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(listen(fd, 0) == 0);
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    int port = ntohs(a.sin_port);
+    auto start = Clock::now();
+    std::shared_ptr<Store> client;
+    Status st = make_tcp_store(client_options(port, "", 800), &client);
+    double elapsed = ms_since(start);
+    close(fd);
+    CHECK(st.code() == COMM_ERR_TIMEOUT);
+    CHECK_THAT(st.message(), Catch::Contains("127.0.0.1:" + std::to_string(port)));
+    CHECK(elapsed >= 700);
+    CHECK(elapsed < 3000);
+  }
+}
+
+TEST_CASE("tcp store: a client started before its server connects once the server is up", "[store]") {
+  UnlistenedPort reserved;
+  int port = reserved.port;
+  std::shared_ptr<Store> client;
+  Status client_status;
+  std::thread early([&] { client_status = make_tcp_store(client_options(port, "tok", 5000), &client); });
+  std::this_thread::sleep_for(300ms);
+  close(reserved.fd);
+  reserved.fd = -1;
+  TcpStoreOptions o = server_options("tok");
+  o.port = port;
+  std::shared_ptr<Store> server;
+  Status st = make_tcp_store(o, &server);
+  REQUIRE(st.message() == "");
+  early.join();
+  REQUIRE(client_status.message() == "");
+  check_round_trip(*client, "late-server");
+}
+
+TEST_CASE("tcp store: the server stops when its last handle goes; clients then see an error", "[store]") {
+  auto server = start_server();
+  int port = tcp_store_port(*server);
+  TcpStoreOptions short_timeout = client_options(port, "", 600);
+  std::shared_ptr<Store> client;
+  REQUIRE(make_tcp_store(short_timeout, &client).ok());
+  check_round_trip(*client, "before-stop");
+  auto start = Clock::now();
+  server.reset();  // joins the server thread
+  CHECK(ms_since(start) < 2000);
+  Status st = client->set("after-stop", "x");
+  CHECK_FALSE(st.ok());
+  CHECK((st.code() == COMM_ERR_SYSTEM || st.code() == COMM_ERR_TIMEOUT));
+  CHECK(ms_since(start) < 3000);
+  // The port is free again: a new server can take it.
+  TcpStoreOptions again = server_options();
+  again.port = port;
+  std::shared_ptr<Store> second;
+  Status st2 = make_tcp_store(again, &second);
+  CHECK(st2.message() == "");
+}
+
+TEST_CASE("tcp store: invalid options are refused before any socket", "[store]") {
+  std::shared_ptr<Store> s;
+  TcpStoreOptions o = client_options(0);
+  CHECK(make_tcp_store(o, &s).code() == COMM_ERR_INVALID_ARGUMENT);
+  o = client_options(70000);
+  CHECK(make_tcp_store(o, &s).code() == COMM_ERR_INVALID_ARGUMENT);
+  o = client_options(1234);
+  o.host = "";
+  Status st = make_tcp_store(o, &s);
+  CHECK(st.code() == COMM_ERR_INVALID_ARGUMENT);
+  CHECK_THAT(st.message(), Catch::Contains("MASTER_ADDR"));
+  o = client_options(1234, "", 0);
+  CHECK(make_tcp_store(o, &s).code() == COMM_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("tcp store: add on a non-integer value is an error, the connection stays usable", "[store]") {
+  auto server = start_server();
+  auto client = connect_client(tcp_store_port(*server));
+  REQUIRE(client->set("text", "hello").ok());
+  int64_t v = 0;
+  Status st = client->add("text", 1, &v);
+  CHECK(st.code() == COMM_ERR_INVALID_USAGE);
+  CHECK_THAT(st.message(), Catch::Contains("'text'"));
+  REQUIRE(client->add("number", -5, &v).ok());
+  CHECK(v == -5);
+  REQUIRE(client->add("number", 12, &v).ok());
+  CHECK(v == 7);
+  // Values with every byte value survive the round trip.
+  std::string binary;
+  for (int i = 0; i < 256; ++i) binary.push_back(static_cast<char>(i));
+  REQUIRE(client->set("binary", binary).ok());
+  std::string back;
+  REQUIRE(server->get("binary", &back, Deadline::after_ms(1000)).ok());
+  CHECK(back == binary);
+}
+
+// ---- file store ----
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    char name[] = "/tmp/libcomm_file_store_XXXXXX";
+    REQUIRE(mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+}  // namespace
+
+TEST_CASE("file store: ranks as threads see each other's sets and adds", "[store]") {
+  TempDir dir;
+  constexpr int kRanks = 4;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      std::shared_ptr<Store> store;
+      Status st = make_file_store(dir.path + "/job", &store);  // created on first use
+      if (!st.ok()) return void(errors[r] = st.message());
+      for (int i = 0; i < 25; ++i) {
+        int64_t v = 0;
+        st = store->add("counter", 1, &v);
+        if (!st.ok()) return void(errors[r] = st.message());
+      }
+      st = store->set("rank/" + std::to_string(r), "value " + std::to_string(r));
+      if (!st.ok()) return void(errors[r] = st.message());
+      for (int peer = 0; peer < kRanks; ++peer) {
+        std::string value;
+        st = store->get("rank/" + std::to_string(peer), &value, Deadline::after_ms(5000));
+        if (!st.ok()) return void(errors[r] = st.message());
+        if (value != "value " + std::to_string(peer)) return void(errors[r] = "wrong value " + value);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) CHECK(errors[r] == "");
+  std::shared_ptr<Store> store;
+  REQUIRE(make_file_store(dir.path + "/job", &store).ok());
+  int64_t total = 0;
+  REQUIRE(store->add("counter", 0, &total).ok());
+  CHECK(total == kRanks * 25);
+}
+
+TEST_CASE("file store: get waits for a later set and times out naming the key", "[store]") {
+  TempDir dir;
+  std::shared_ptr<Store> a, b;
+  REQUIRE(make_file_store(dir.path, &a).ok());
+  REQUIRE(make_file_store(dir.path, &b).ok());
+  std::thread later([&] {
+    std::this_thread::sleep_for(200ms);
+    REQUIRE(b->set("late", "arrived").ok());
+  });
+  std::string value;
+  auto start = Clock::now();
+  Status st = a->get("late", &value, Deadline::after_ms(5000));
+  later.join();
+  REQUIRE(st.message() == "");
+  CHECK(value == "arrived");
+  CHECK(ms_since(start) >= 150);
+
+  start = Clock::now();
+  st = a->get("missing/key", &value, Deadline::after_ms(300));
+  CHECK(st.code() == COMM_ERR_TIMEOUT);
+  CHECK_THAT(st.message(), Catch::Contains("'missing/key'"));
+  CHECK_THAT(st.message(), Catch::Contains(dir.path));
+  CHECK(ms_since(start) >= 250);
+  CHECK(ms_since(start) < 3000);
+}
+
+TEST_CASE("file store: any key maps to a file inside the directory", "[store]") {
+  TempDir dir;
+  std::shared_ptr<Store> s;
+  REQUIRE(make_file_store(dir.path + "/store", &s).ok());
+  std::vector<std::string> keys = {"", "..", "../escape", "/abs/path", "a b%c", std::string(1000, 'k'),
+                                   std::string(400, '/'), std::string("nul\0byte", 8)};
+  for (const auto& k : keys) {
+    REQUIRE(s->set(k, "v:" + k).ok());
+  }
+  for (const auto& k : keys) {
+    std::string v;
+    REQUIRE(s->get(k, &v, Deadline::after_ms(1000)).ok());
+    CHECK(v == "v:" + k);
+  }
+  // Nothing was written outside the store's directory.
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path))
+    CHECK(entry.path().filename() == "store");
+  // Relative paths are refused: every rank must name the same directory.
+  Status st = make_file_store("relative/dir", &s);
+  CHECK(st.code() == COMM_ERR_INVALID_ARGUMENT);
+  CHECK_THAT(st.message(), Catch::Contains("relative/dir"));
+}

@@ -46,6 +46,7 @@ const std::vector<Param>& all() {
       {"SLURM_LOCALID", Type::kString, "", "Slurm: rank on this host", nullptr},
       {"SLURM_NNODES", Type::kString, "", "Slurm: number of hosts", nullptr},
       {"SLURM_JOB_ID", Type::kString, "", "Slurm: job id (default port)", nullptr},
+      {"SLURM_STEP_ID", Type::kString, "", "Slurm: job step (with SLURM_JOB_ID, the default port)", nullptr},
       // NCCL's, honoured with NCCL's semantics
       {"NCCL_SOCKET_IFNAME", Type::kString, "", "NCCL's interface selection (used when COMM_SOCKET_IFNAME is unset)",
        nullptr},

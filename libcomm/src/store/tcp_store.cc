@@ -1,1 +1,292 @@
-// placeholder
+// The TCP store as ranks other than 0 see it: a client that connects with retry and
+// backoff, presents the job's auth token, and bounds every request by a deadline.
+//
+// Each request takes an idle connection from a small pool (or opens one), so threads that
+// share this store never wait behind each other's blocking get. A connection whose request
+// timed out may still receive the late reply, so it is closed, never reused.
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "log.h"
+#include "store/tcp_store_wire.h"
+
+namespace comm {
+namespace tcp_store {
+namespace {
+
+constexpr size_t kMaxIdleConnections = 4;
+constexpr int kFirstBackoffMs = 10;
+constexpr int kMaxBackoffMs = 1000;
+
+class Client final : public Store {
+ public:
+  explicit Client(const TcpStoreOptions& options)
+      : options_(options), where_(host_port_string(options.host, options.port)) {}
+
+  // Connects once (with retry until timeout_ms), so an unreachable rank 0 or a refused
+  // token is reported when the store is made, not at its first use.
+  Status connect_first() {
+    UniqueFd fd;
+    COMM_RETURN_IF_ERROR(connect(Deadline::after_ms(options_.timeout_ms), options_.timeout_ms, &fd));
+    release(std::move(fd));
+    return Status::Ok();
+  }
+
+  Status set(const std::string& key, const std::string& value) override {
+    COMM_RETURN_IF_ERROR(check_sizes(key, value.size()));
+    std::string payload;
+    return call(Op::kSet, key, value, Deadline::after_ms(options_.timeout_ms), &payload);
+  }
+
+  Status get(const std::string& key, std::string* value, Deadline deadline) override {
+    COMM_RETURN_IF_ERROR(check_sizes(key, 0));
+    return call(Op::kGet, key, "", deadline, value);
+  }
+
+  Status add(const std::string& key, int64_t delta, int64_t* result) override {
+    COMM_RETURN_IF_ERROR(check_sizes(key, 0));
+    std::string delta_bytes;
+    put_u64(&delta_bytes, static_cast<uint64_t>(delta));
+    std::string payload;
+    COMM_RETURN_IF_ERROR(call(Op::kAdd, key, delta_bytes, Deadline::after_ms(options_.timeout_ms), &payload));
+    if (payload.size() != 8)
+      return SystemError("store at " + where_ + " answered add on key '" + key + "' with " +
+                         std::to_string(payload.size()) + " bytes, not 8");
+    *result = static_cast<int64_t>(get_u64(payload.data()));
+    return Status::Ok();
+  }
+
+ private:
+  static Status check_sizes(const std::string& key, size_t value_size) {
+    if (key.size() > kMaxKeyBytes)
+      return InvalidArgument("store key of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
+                             std::to_string(kMaxKeyBytes));
+    if (value_size > kMaxValueBytes)
+      return InvalidArgument("store value of " + std::to_string(value_size) + " bytes exceeds the limit of " +
+                             std::to_string(kMaxValueBytes));
+    return Status::Ok();
+  }
+
+  static const char* op_name(Op op) {
+    switch (op) {
+      case Op::kSet: return "set";
+      case Op::kGet: return "get";
+      case Op::kAdd: return "add";
+      case Op::kHello: return "hello";
+    }
+    return "?";
+  }
+
+  int ms_left(Deadline deadline) const {
+    return deadline.remaining_ms(options_.timeout_ms > 0 ? options_.timeout_ms : 1);
+  }
+
+  Status call(Op op, const std::string& key, const std::string& value, Deadline deadline, std::string* payload) {
+    UniqueFd fd = take_idle();
+    if (!fd.valid()) {
+      Deadline limit = Deadline::after_ms(options_.timeout_ms);
+      Status st = connect(deadline.at() < limit.at() ? deadline : limit, options_.timeout_ms, &fd);
+      if (!st.ok()) return st.prefixed(std::string("store ") + op_name(op) + " of key '" + key + "': ");
+    }
+    auto failed = [&](Io io, int err, const char* stage) {
+      std::string what = std::string("store ") + op_name(op) + " of key '" + key + "' at " + where_ + ": ";
+      switch (io) {
+        case Io::kTimeout:
+          if (op == Op::kGet)
+            return Timeout("timed out waiting for key '" + key + "' in the store at " + where_ +
+                           ": no rank set it in time (did every rank start, with the same init_method?)");
+          return Timeout(what + "no answer in time while " + stage + " (is rank 0 overloaded or stopped?)");
+        case Io::kClosed:
+          return SystemError(what + "rank 0 closed the connection (did rank 0 exit or fail?)");
+        default:
+          return SystemError(what + stage + " failed: " + errno_string(err));
+      }
+    };
+    int err = 0;
+    Io io = send_all(fd.get(), encode_request(op, key, value), deadline, &err);
+    if (io != Io::kOk) return failed(io, err, "sending");
+    char header[kResponseHeaderBytes];
+    io = recv_exact(fd.get(), header, sizeof header, deadline, &err);
+    if (io != Io::kOk) return failed(io, err, "waiting for the reply");
+    uint32_t len = get_u32(header + 8);
+    if (get_u32(header) != kMagic || len > kMaxValueBytes)
+      return SystemError("store " + std::string(op_name(op)) + " at " + where_ +
+                         ": malformed reply (is MASTER_PORT the port of a libcomm store?)");
+    std::string body(len, '\0');
+    io = recv_exact(fd.get(), body.data(), len, deadline, &err);
+    if (io != Io::kOk) return failed(io, err, "receiving the reply");
+    auto reply = static_cast<Reply>(static_cast<uint8_t>(header[4]));
+    if (reply == Reply::kError) {
+      release(std::move(fd));
+      return InvalidUsage(body);
+    }
+    if (reply != Reply::kOk)
+      return SystemError("store " + std::string(op_name(op)) + " at " + where_ + ": unexpected reply " +
+                         std::to_string(static_cast<int>(reply)));
+    release(std::move(fd));
+    *payload = std::move(body);
+    return Status::Ok();
+  }
+
+  UniqueFd take_idle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idle_.empty()) return UniqueFd();
+    UniqueFd fd = std::move(idle_.back());
+    idle_.pop_back();
+    return fd;
+  }
+
+  void release(UniqueFd fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(fd));
+  }
+
+  // Retries with exponential backoff until the deadline: rank 0 may start after us.
+  Status connect(Deadline deadline, int timeout_ms, UniqueFd* out) {
+    int backoff_ms = kFirstBackoffMs;
+    std::string last_error = "no attempt finished";
+    for (;;) {
+      bool final = false;
+      Status st = connect_once(deadline, out, &final);
+      if (st.ok() || final) return st;
+      last_error = st.message();
+      if (deadline.expired()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, ms_left(deadline))));
+      backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+      if (deadline.expired()) break;
+    }
+    return Timeout("could not reach the store at " + where_ + " within " + std::to_string(timeout_ms) +
+                   " ms (last error: " + last_error +
+                   "); check that MASTER_ADDR/MASTER_PORT (or init_method tcp://HOST:PORT) name rank 0's host and "
+                   "port, that rank 0 is running, and that no firewall blocks the port");
+  }
+
+  // One attempt over every address the host resolves to. *final: retrying cannot help.
+  Status connect_once(Deadline deadline, UniqueFd* out, bool* final) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    std::string port_text = std::to_string(options_.port);
+    int rc = getaddrinfo(options_.host.c_str(), port_text.c_str(), &hints, &found);
+    if (rc != 0) return SystemError("cannot resolve '" + options_.host + "': " + gai_strerror(rc));
+    Status last = SystemError("'" + options_.host + "' resolved to no address");
+    for (addrinfo* ai = found; ai != nullptr && !deadline.expired(); ai = ai->ai_next) {
+      UniqueFd fd;
+      last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd);
+      if (!last.ok()) continue;
+      last = handshake(fd.get(), deadline, final);
+      if (last.ok()) {
+        *out = std::move(fd);
+        break;
+      }
+      if (*final) break;
+    }
+    freeaddrinfo(found);
+    return last;
+  }
+
+  static Status connect_address(const sockaddr* sa, socklen_t len, Deadline deadline, UniqueFd* out) {
+    UniqueFd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return SystemError("socket: " + errno_string(errno));
+    if (::connect(fd.get(), sa, len) != 0) {
+      if (errno != EINPROGRESS && errno != EINTR) return SystemError("connect: " + errno_string(errno));
+      // Non-blocking connect bounded by the deadline: an address that drops SYNs ends in time.
+      for (;;) {
+        if (deadline.expired()) return Timeout("connect: no answer");
+        pollfd p{fd.get(), POLLOUT, 0};
+        int n = ::poll(&p, 1, deadline.remaining_ms());
+        if (n > 0) break;
+        if (n < 0 && errno != EINTR) return SystemError("poll: " + errno_string(errno));
+      }
+      int soerr = 0;
+      socklen_t soerr_len = sizeof soerr;
+      if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soerr, &soerr_len) != 0) soerr = errno;
+      if (soerr != 0) return SystemError("connect: " + errno_string(soerr));
+    }
+    int one = 1;
+    setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    *out = std::move(fd);
+    return Status::Ok();
+  }
+
+  Status handshake(int fd, Deadline deadline, bool* final) {
+    std::string version;
+    put_u32(&version, kProtocolVersion);
+    int err = 0;
+    Io io = send_all(fd, encode_request(Op::kHello, options_.auth_token, version), deadline, &err);
+    if (io == Io::kOk) {
+      char header[kResponseHeaderBytes];
+      io = recv_exact(fd, header, sizeof header, deadline, &err);
+      if (io == Io::kOk) {
+        if (get_u32(header) != kMagic) {
+          *final = true;
+          return SystemError("the service at " + where_ +
+                             " is not a libcomm store (malformed reply to the hello); check MASTER_PORT");
+        }
+        auto reply = static_cast<Reply>(static_cast<uint8_t>(header[4]));
+        if (reply == Reply::kOk && get_u32(header + 8) == 0) return Status::Ok();
+        *final = true;
+        if (reply == Reply::kAuthRefused)
+          return InvalidUsage("the store at " + where_ +
+                              " refused this process's auth token; set the same COMM_AUTH_TOKEN on every rank "
+                              "of the job");
+        if (reply == Reply::kVersionMismatch)
+          return InvalidUsage("the store at " + where_ +
+                              " speaks another store protocol version; run the same libcomm on every rank");
+        return SystemError("the store at " + where_ + " answered the hello with reply " +
+                           std::to_string(static_cast<int>(reply)));
+      }
+    }
+    if (io == Io::kTimeout) return Timeout("connected, but no answer to the hello");
+    if (io == Io::kClosed) return SystemError("connected, but the peer closed the connection during the hello");
+    return SystemError("hello: " + errno_string(err));
+  }
+
+  const TcpStoreOptions options_;
+  const std::string where_;
+  std::mutex mu_;
+  std::vector<UniqueFd> idle_;
+};
+
+}  // namespace
+
+Status connect_client(const TcpStoreOptions& options, std::shared_ptr<Store>* out) {
+  auto client = std::make_shared<Client>(options);
+  COMM_RETURN_IF_ERROR(client->connect_first());
+  COMM_INFO(kStore, "store client connected to %s", host_port_string(options.host, options.port).c_str());
+  *out = std::move(client);
+  return Status::Ok();
+}
+
+}  // namespace tcp_store
+
+Status make_tcp_store(const TcpStoreOptions& options, std::shared_ptr<Store>* out) {
+  if (out == nullptr) return InvalidArgument("make_tcp_store: out is NULL");
+  if (options.timeout_ms <= 0)
+    return InvalidArgument("store timeout " + std::to_string(options.timeout_ms) + " ms must be positive");
+  if (options.auth_token.size() > tcp_store::kMaxKeyBytes)
+    return InvalidArgument("COMM_AUTH_TOKEN is " + std::to_string(options.auth_token.size()) +
+                           " bytes; the limit is " + std::to_string(tcp_store::kMaxKeyBytes));
+  if (options.is_server) return tcp_store::start_server(options, out);
+  if (options.host.empty())
+    return InvalidArgument("the store's host is empty; set MASTER_ADDR (or init_method tcp://HOST:PORT)");
+  if (options.port < 1 || options.port > 65535)
+    return InvalidArgument("store port " + std::to_string(options.port) +
+                           " is not in 1..65535; set MASTER_PORT to the port rank 0 listens on");
+  return tcp_store::connect_client(options, out);
+}
+
+int tcp_store_port(const Store& store) { return tcp_store::server_port(store); }
+
+}  // namespace comm

@@ -1,0 +1,510 @@
+// Rank 0's side of the TCP store: one background thread, poll(), many clients. Rank 0's
+// own process uses the same object through the Store interface, without a socket.
+//
+// A get for a missing key is parked (the connection is not read further) until some rank
+// sets the key; nothing busy-polls. A connection that sends anything but well-formed frames
+// is dropped with a warning naming the peer; the server goes on serving the others.
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "log.h"
+#include "store/tcp_store_wire.h"
+
+namespace comm::tcp_store {
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadBudgetPerWake = size_t{4} << 20;  // fairness between busy clients
+
+struct Conn {
+  UniqueFd fd;
+  std::string peer;
+  std::string in;  // received, not yet handled (from in_done on)
+  size_t in_done = 0;
+  std::string out;  // to send (from out_done on)
+  size_t out_done = 0;
+  bool greeted = false;  // hello accepted
+  bool parked = false;   // a get waits for parked_key
+  std::string parked_key;
+  bool dead = false;
+
+  bool pending_out() const { return out_done < out.size(); }
+};
+
+bool parse_int64(const std::string& text, int64_t* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  *out = v;
+  return true;
+}
+
+class Server final : public Store {
+ public:
+  Server(UniqueFd listen_fd, UniqueFd wake_fd, int port, std::string where, std::string token)
+      : listen_fd_(std::move(listen_fd)),
+        wake_fd_(std::move(wake_fd)),
+        port_(port),
+        where_(std::move(where)),
+        token_(std::move(token)),
+        read_buf_(kReadChunk) {}
+
+  ~Server() override {
+    stop_.store(true, std::memory_order_relaxed);
+    wake();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status start_thread() {
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error& e) {
+      return SystemError(std::string("store server: cannot start its thread: ") + e.what());
+    }
+    return Status::Ok();
+  }
+
+  int port() const { return port_; }
+
+  Status set(const std::string& key, const std::string& value) override {
+    COMM_RETURN_IF_ERROR(check_sizes(key, value.size()));
+    store_value(key, value);
+    wake();
+    return Status::Ok();
+  }
+
+  Status get(const std::string& key, std::string* value, Deadline deadline) override {
+    COMM_RETURN_IF_ERROR(check_sizes(key, 0));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline.at(), [&] { return data_.count(key) != 0; }))
+      return Timeout("timed out waiting for key '" + key + "' in the store served at " + where_ +
+                     ": no rank set it in time (did every rank start, with the same init_method?)");
+    *value = data_[key];
+    return Status::Ok();
+  }
+
+  Status add(const std::string& key, int64_t delta, int64_t* result) override {
+    COMM_RETURN_IF_ERROR(check_sizes(key, 0));
+    COMM_RETURN_IF_ERROR(add_value(key, delta, result));
+    wake();
+    return Status::Ok();
+  }
+
+ private:
+  // The same limits as for remote clients, so a key works the same on every rank.
+  static Status check_sizes(const std::string& key, size_t value_size) {
+    if (key.size() > kMaxKeyBytes)
+      return InvalidArgument("store key of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
+                             std::to_string(kMaxKeyBytes));
+    if (value_size > kMaxValueBytes)
+      return InvalidArgument("store value of " + std::to_string(value_size) + " bytes exceeds the limit of " +
+                             std::to_string(kMaxValueBytes));
+    return Status::Ok();
+  }
+
+  void store_value(const std::string& key, const std::string& value) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      data_[key] = value;
+    }
+    cv_.notify_all();
+  }
+
+  Status add_value(const std::string& key, int64_t delta, int64_t* result) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      int64_t current = 0;
+      auto it = data_.find(key);
+      if (it != data_.end() && !parse_int64(it->second, &current))
+        return InvalidUsage("store add on key '" + key + "', whose value is not an integer");
+      int64_t now = 0;
+      if (__builtin_add_overflow(current, delta, &now))
+        return InvalidArgument("store add on key '" + key + "' overflows a 64-bit integer");
+      data_[key] = std::to_string(now);
+      *result = now;
+    }
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
+  bool lookup(const std::string& key, std::string* value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = data_.find(key);
+    if (it == data_.end()) return false;
+    *value = it->second;
+    return true;
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+    (void)n;  // EAGAIN: the counter is already non-zero, the thread wakes anyway
+  }
+
+  // ---- the server thread; everything below touches conns_ from it only ----
+
+  void run() {
+    std::vector<pollfd> fds;
+    while (!stop_.load(std::memory_order_relaxed)) {
+      bool accepting = Clock::now() >= accept_resume_;
+      fds.clear();
+      fds.push_back({wake_fd_.get(), POLLIN, 0});
+      fds.push_back({listen_fd_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
+      for (auto& c : conns_) {
+        short events = POLLRDHUP;
+        if (c->pending_out())
+          events |= POLLOUT;
+        else if (!c->parked)
+          events |= POLLIN;
+        fds.push_back({c->fd.get(), events, 0});
+      }
+      size_t polled = conns_.size();
+      int n = ::poll(fds.data(), fds.size(), accepting ? -1 : 100);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        COMM_WARN(kStore, "store server %s: poll failed: %s", where_.c_str(), errno_string(errno).c_str());
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      if (fds[0].revents & POLLIN) {
+        uint64_t count;
+        ssize_t r = ::read(wake_fd_.get(), &count, sizeof count);
+        (void)r;
+        check_parked_ = true;  // an in-process set or add may have supplied a parked key
+      }
+      for (size_t i = 0; i < polled; ++i) handle(*conns_[i], fds[i + 2].revents);
+      if (fds[1].revents & POLLIN) accept_all();
+      serve_parked();
+      std::erase_if(conns_, [](const std::unique_ptr<Conn>& c) { return c->dead; });
+    }
+    conns_.clear();
+  }
+
+  void accept_all() {
+    for (;;) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof addr;
+      int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        // Out of descriptors or memory: pause accepting instead of spinning on a readable socket.
+        COMM_WARN(kStore, "store server %s: accept failed: %s; pausing new connections for 100 ms", where_.c_str(),
+                  errno_string(errno).c_str());
+        accept_resume_ = Clock::now() + std::chrono::milliseconds(100);
+        return;
+      }
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto c = std::make_unique<Conn>();
+      c->fd.reset(fd);
+      c->peer = address_string(reinterpret_cast<sockaddr*>(&addr), len);
+      COMM_TRACE(kStore, "store server %s: connection from %s", where_.c_str(), c->peer.c_str());
+      conns_.push_back(std::move(c));
+    }
+  }
+
+  void handle(Conn& c, short revents) {
+    if (c.dead) return;
+    if (revents & (POLLERR | POLLNVAL)) {
+      closed(c, "socket error");
+      return;
+    }
+    if (revents & POLLOUT) pump(c);
+    if (revents & POLLIN)
+      read_some(c);
+    else if (revents & (POLLHUP | POLLRDHUP))
+      closed(c, "peer closed");
+  }
+
+  // A client going away is normal (a rank finished, or timed out and reconnects).
+  void closed(Conn& c, const char* why) {
+    COMM_TRACE(kStore, "store server %s: connection from %s ended (%s)", where_.c_str(), c.peer.c_str(), why);
+    c.dead = true;
+  }
+
+  void drop(Conn& c, const std::string& why) {
+    COMM_WARN(kStore, "store server %s: dropping connection from %s: %s", where_.c_str(), c.peer.c_str(),
+              why.c_str());
+    c.dead = true;
+  }
+
+  void read_some(Conn& c) {
+    size_t budget = kReadBudgetPerWake;
+    while (!c.dead && !c.parked && !c.pending_out() && budget > 0) {
+      ssize_t n = ::recv(c.fd.get(), read_buf_.data(), read_buf_.size(), MSG_DONTWAIT);
+      if (n > 0) {
+        c.in.append(read_buf_.data(), static_cast<size_t>(n));
+        budget -= std::min(budget, static_cast<size_t>(n));
+        pump(c);
+        continue;
+      }
+      if (n == 0) return closed(c, "peer closed");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      return closed(c, "receive failed");
+    }
+  }
+
+  void flush(Conn& c) {
+    while (c.pending_out()) {
+      ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_done, c.out.size() - c.out_done, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        c.out_done += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      return closed(c, "send failed");
+    }
+    c.out.clear();
+    c.out_done = 0;
+  }
+
+  void reply(Conn& c, Reply r, std::string_view payload) { c.out += encode_response(r, payload); }
+
+  // Sends what is queued, then handles complete frames one at a time, as long as the
+  // connection is neither parked nor backed up (a client that does not read its replies
+  // stops being read: its buffers stay bounded by one frame).
+  void pump(Conn& c) {
+    for (;;) {
+      if (c.dead) return;
+      flush(c);
+      if (c.dead || c.pending_out() || c.parked) break;
+      size_t avail = c.in.size() - c.in_done;
+      const char* p = c.in.data() + c.in_done;
+      if (avail >= 4 && get_u32(p) != kMagic) {
+        char why[64];
+        snprintf(why, sizeof why, "bad magic 0x%08x (not a libcomm store client)", get_u32(p));
+        return drop(c, why);
+      }
+      if (avail < kRequestHeaderBytes) break;
+      RequestHeader h;
+      std::string why = check_request_header(p, &h);
+      if (!why.empty()) return drop(c, why);
+      size_t total = kRequestHeaderBytes + h.key_len + h.value_len;
+      if (avail < total) break;
+      std::string key(p + kRequestHeaderBytes, h.key_len);
+      std::string value(p + kRequestHeaderBytes + h.key_len, h.value_len);
+      c.in_done += total;
+      handle_request(c, h.op, key, value);
+    }
+    if (c.in_done > 0) {
+      c.in.erase(0, c.in_done);
+      c.in_done = 0;
+    }
+  }
+
+  void handle_request(Conn& c, Op op, const std::string& key, const std::string& value) {
+    if (op == Op::kHello) return hello(c, key, get_u32(value.data()));
+    if (!c.greeted) return drop(c, "sent a request before the hello");
+    switch (op) {
+      case Op::kSet:
+        store_value(key, value);
+        check_parked_ = true;
+        return reply(c, Reply::kOk, "");
+      case Op::kGet: {
+        std::string found;
+        if (lookup(key, &found)) return reply(c, Reply::kOk, found);
+        c.parked = true;
+        c.parked_key = key;
+        return;
+      }
+      case Op::kAdd: {
+        int64_t result = 0;
+        Status st = add_value(key, static_cast<int64_t>(get_u64(value.data())), &result);
+        if (!st.ok()) return reply(c, Reply::kError, st.message());
+        check_parked_ = true;
+        std::string payload;
+        put_u64(&payload, static_cast<uint64_t>(result));
+        return reply(c, Reply::kOk, payload);
+      }
+      case Op::kHello:
+        break;
+    }
+  }
+
+  void hello(Conn& c, const std::string& token, uint32_t version) {
+    if (c.greeted) return drop(c, "sent a second hello");
+    if (version != kProtocolVersion) {
+      COMM_WARN(kStore,
+                "store server %s: refused connection from %s: it speaks store protocol %u, this server %u "
+                "(mixed libcomm versions in one job?)",
+                where_.c_str(), c.peer.c_str(), version, kProtocolVersion);
+      reply(c, Reply::kVersionMismatch, "store protocol version " + std::to_string(kProtocolVersion));
+      flush(c);  // best effort: a few bytes into an empty socket buffer
+      c.dead = true;
+      return;
+    }
+    if (!token_.empty() && !constant_time_equal(token, token_)) {
+      COMM_WARN(kStore,
+                "store server %s: refused connection from %s: it did not present this job's COMM_AUTH_TOKEN",
+                where_.c_str(), c.peer.c_str());
+      reply(c, Reply::kAuthRefused, "");
+      flush(c);
+      c.dead = true;
+      return;
+    }
+    c.greeted = true;
+    reply(c, Reply::kOk, "");
+  }
+
+  // Answers parked gets whose key now exists; answering may run further requests of that
+  // client, which may set keys other clients wait for, hence the loop.
+  void serve_parked() {
+    while (check_parked_) {
+      check_parked_ = false;
+      for (auto& c : conns_) {
+        if (c->dead || !c->parked) continue;
+        std::string value;
+        if (!lookup(c->parked_key, &value)) continue;
+        c->parked = false;
+        c->parked_key.clear();
+        reply(*c, Reply::kOk, value);
+        pump(*c);
+      }
+    }
+  }
+
+  // Shared with in-process callers.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::string, std::string> data_;
+
+  UniqueFd listen_fd_;
+  UniqueFd wake_fd_;
+  const int port_;
+  const std::string where_;
+  const std::string token_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  // Server thread only.
+  std::vector<std::unique_ptr<Conn>> conns_;
+  std::vector<char> read_buf_;
+  bool check_parked_ = false;
+  Clock::time_point accept_resume_{};
+};
+
+// Returns 0 or the errno of the step that failed.
+int bind_and_listen(const sockaddr* sa, socklen_t len, bool dual_stack, UniqueFd* out) {
+  UniqueFd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return errno;
+  int one = 1;
+  if (setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) return errno;
+  if (sa->sa_family == AF_INET6) {
+    int v6only = dual_stack ? 0 : 1;
+    setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof v6only);
+  }
+  if (::bind(fd.get(), sa, len) != 0) return errno;
+  if (::listen(fd.get(), SOMAXCONN) != 0) return errno;
+  *out = std::move(fd);
+  return 0;
+}
+
+int bind_wildcard(int family, int port, UniqueFd* out, std::string* bound_host) {
+  if (family == AF_INET6) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
+    *bound_host = "::";
+    return bind_and_listen(reinterpret_cast<sockaddr*>(&a), sizeof a, true, out);
+  }
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  *bound_host = "0.0.0.0";
+  return bind_and_listen(reinterpret_cast<sockaddr*>(&a), sizeof a, false, out);
+}
+
+}  // namespace
+
+Status start_server(const TcpStoreOptions& options, std::shared_ptr<Store>* out) {
+  if (options.port < 0 || options.port > 65535)
+    return InvalidArgument("store port " + std::to_string(options.port) + " is not in 0..65535");
+  const std::string& host = options.host;
+  std::string bound_host = host;
+  UniqueFd fd;
+  int err = 0;
+  if (host.empty()) {
+    err = bind_wildcard(AF_INET6, options.port, &fd, &bound_host);
+    if (err == EAFNOSUPPORT) err = bind_wildcard(AF_INET, options.port, &fd, &bound_host);
+  } else {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    std::string port_text = std::to_string(options.port);
+    int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &found);
+    if (rc != 0)
+      return SystemError("store: cannot resolve '" + host + "' to listen on (" + gai_strerror(rc) +
+                         "); set MASTER_ADDR (or the host of tcp://HOST:PORT) to rank 0's host name or address");
+    int family = AF_UNSPEC;
+    for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+      if (family == AF_UNSPEC) family = ai->ai_family;
+      err = bind_and_listen(ai->ai_addr, ai->ai_addrlen, false, &fd);
+      if (err != EADDRNOTAVAIL) break;
+    }
+    freeaddrinfo(found);
+    if (err == EADDRNOTAVAIL) {
+      // The name resolves, but not to an address of this host (NAT, a load balancer, a name
+      // that means rank 0's host only from the outside): listen on every address instead.
+      err = bind_wildcard(family, options.port, &fd, &bound_host);
+      if (err == 0)
+        COMM_INFO(kStore, "store: '%s' is not an address of this host; listening on %s instead", host.c_str(),
+                  host_port_string(bound_host, options.port).c_str());
+    }
+  }
+  std::string where = host_port_string(bound_host, options.port);
+  if (err == EADDRINUSE)
+    return SystemError("store: cannot listen on " + where + ": port " + std::to_string(options.port) +
+                       " is already in use (another job, or a previous run that has not exited); pick another "
+                       "MASTER_PORT (or the port of init_method tcp://HOST:PORT)");
+  if (err != 0)
+    return SystemError("store: cannot listen on " + where + ": " + errno_string(err) +
+                       (err == EACCES ? "; ports below 1024 need privileges, pick another MASTER_PORT" : ""));
+
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0)
+    return SystemError("store: getsockname on " + where + ": " + errno_string(errno));
+  int port = local.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port)
+                                         : ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+  where = host_port_string(bound_host, port);
+
+  UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return SystemError("store: eventfd: " + errno_string(errno));
+  auto server = std::make_shared<Server>(std::move(fd), std::move(wake), port, where, options.auth_token);
+  COMM_RETURN_IF_ERROR(server->start_thread());
+  COMM_INFO(kStore, "store server listening on %s", where.c_str());
+  *out = std::move(server);
+  return Status::Ok();
+}
+
+int server_port(const Store& store) {
+  auto* server = dynamic_cast<const Server*>(&store);
+  return server != nullptr ? server->port() : -1;
+}
+
+}  // namespace comm::tcp_store

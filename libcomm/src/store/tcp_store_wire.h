@@ -1,0 +1,104 @@
+// The TCP store's wire format and the socket helpers its server and client share.
+//
+// Every frame starts with a magic number, so a stray connection (a port scanner, a wrong
+// MASTER_PORT pointing at another service) is recognised at once and dropped. All integers
+// are big-endian. Lengths are bounded before anything is buffered.
+//
+//   request:  u32 magic | u8 op | u8 0 | u16 0 | u32 key_len | u32 value_len | key | value
+//   response: u32 magic | u8 reply | u8 0 | u16 0 | u32 payload_len | payload
+//
+// The first request on a connection is kHello (key = the auth token, value = u32 protocol
+// version); the server answers kOk, kAuthRefused or kVersionMismatch.
+#pragma once
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "deadline.h"
+#include "status.h"
+#include "store/store.h"
+
+namespace comm::tcp_store {
+
+inline constexpr uint32_t kMagic = 0x434d5354;  // "CMST"
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kMaxKeyBytes = 4096;
+inline constexpr size_t kMaxValueBytes = size_t{64} << 20;
+inline constexpr size_t kRequestHeaderBytes = 16;
+inline constexpr size_t kResponseHeaderBytes = 12;
+
+enum class Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4 };
+enum class Reply : uint8_t { kOk = 0, kAuthRefused = 1, kVersionMismatch = 2, kError = 3 };
+
+struct RequestHeader {
+  Op op = Op::kHello;
+  uint32_t key_len = 0;
+  uint32_t value_len = 0;
+};
+
+void put_u32(std::string* out, uint32_t v);
+void put_u64(std::string* out, uint64_t v);
+uint32_t get_u32(const char* p);
+uint64_t get_u64(const char* p);
+
+std::string encode_request(Op op, std::string_view key, std::string_view value);
+std::string encode_response(Reply reply, std::string_view payload);
+
+// Checks a request header (kRequestHeaderBytes at p). Returns "" when it is well formed,
+// otherwise why it is not (for the log line that goes with dropping the connection).
+std::string check_request_header(const char* p, RequestHeader* out);
+
+// Constant-time comparison: the time taken does not depend on where the tokens differ.
+bool constant_time_equal(std::string_view a, std::string_view b);
+
+// "1.2.3.4:5" or "[::1]:5".
+std::string address_string(const sockaddr* sa, socklen_t len);
+// "host:port", with brackets around an IPv6 literal.
+std::string host_port_string(const std::string& host, int port);
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Blocking-with-deadline I/O on a non-blocking socket (client side).
+enum class Io { kOk, kTimeout, kClosed, kError };
+Io send_all(int fd, std::string_view data, Deadline deadline, int* err);
+Io recv_exact(int fd, char* buf, size_t n, Deadline deadline, int* err);
+
+// The server half (tcp_store_server.cc) and the client half (tcp_store.cc).
+Status start_server(const TcpStoreOptions& options, std::shared_ptr<Store>* out);
+int server_port(const Store& store);  // -1 when store is not a server
+Status connect_client(const TcpStoreOptions& options, std::shared_ptr<Store>* out);
+
+}  // namespace comm::tcp_store
