@@ -1,1 +1,154 @@
-// placeholder
+// Interface selection with NCCL_SOCKET_IFNAME's exact semantics (NCCL's ncclFindInterfaces):
+// users move between NCCL and libcomm with the same environment, so the same spec must pick
+// the same interfaces.
+#include "transports/socket/interfaces.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+
+namespace comm::transport {
+namespace {
+
+struct Spec {
+  bool exclude = false;  // leading '^'
+  bool exact = false;    // '=' (after an optional '^')
+  std::vector<std::string> items;
+};
+
+Spec parse_spec(const std::string& text) {
+  Spec spec;
+  std::string rest = text;
+  if (!rest.empty() && rest[0] == '^') {
+    spec.exclude = true;
+    rest.erase(0, 1);
+  }
+  if (!rest.empty() && rest[0] == '=') {
+    spec.exact = true;
+    rest.erase(0, 1);
+  }
+  size_t start = 0;
+  while (start <= rest.size()) {
+    size_t comma = rest.find(',', start);
+    if (comma == std::string::npos) comma = rest.size();
+    if (comma > start) spec.items.push_back(rest.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return spec;
+}
+
+bool spec_selects(const Spec& spec, const std::string& name) {
+  bool listed = false;
+  for (const auto& item : spec.items) {
+    if (spec.exact ? name == item : name.compare(0, item.size(), item) == 0) {
+      listed = true;
+      break;
+    }
+  }
+  return spec.exclude ? !listed : listed;
+}
+
+// Interfaces in the order they first appear in `all`, IPv4 before IPv6 within each one.
+std::vector<Interface> matching(const Spec& spec, const std::vector<Interface>& all) {
+  std::vector<std::string> order;
+  for (const auto& itf : all)
+    if (std::find(order.begin(), order.end(), itf.name) == order.end()) order.push_back(itf.name);
+  std::vector<Interface> out;
+  for (const auto& name : order) {
+    if (!spec_selects(spec, name)) continue;
+    for (int family : {AF_INET, AF_INET6})
+      for (const auto& itf : all)
+        if (itf.up && itf.name == name && itf.family == family && !itf.address.empty()) out.push_back(itf);
+  }
+  return out;
+}
+
+std::string names_of(const std::vector<Interface>& list) {
+  std::string text;
+  std::vector<std::string> seen;
+  for (const auto& itf : list) {
+    if (std::find(seen.begin(), seen.end(), itf.name) != seen.end()) continue;
+    seen.push_back(itf.name);
+    if (!text.empty()) text += ", ";
+    text += itf.name;
+  }
+  return text.empty() ? "none" : text;
+}
+
+std::vector<Interface> up_with_address(const std::vector<Interface>& all) {
+  std::vector<Interface> out;
+  for (const auto& itf : all)
+    if (itf.up && !itf.address.empty() && (itf.family == AF_INET || itf.family == AF_INET6)) out.push_back(itf);
+  return out;
+}
+
+}  // namespace
+
+std::vector<Interface> list_interfaces() {
+  std::vector<Interface> out;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return out;
+  for (ifaddrs* ifa = list; ifa != nullptr; ifa = ifa->ifa_next) {
+    if (ifa->ifa_addr == nullptr || ifa->ifa_name == nullptr) continue;
+    if ((ifa->ifa_flags & IFF_UP) == 0) continue;
+    int family = ifa->ifa_addr->sa_family;
+    char host[INET6_ADDRSTRLEN] = {};
+    if (family == AF_INET) {
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(ifa->ifa_addr);
+      if (inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host) == nullptr) continue;
+    } else if (family == AF_INET6) {
+      const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(ifa->ifa_addr);
+      // Link-local addresses need a scope id on every connect; NCCL skips them too.
+      const uint8_t* b = sin6->sin6_addr.s6_addr;
+      if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) continue;
+      if (inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof host) == nullptr) continue;
+    } else {
+      continue;
+    }
+    out.push_back(Interface{ifa->ifa_name, host, family, true});
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+Status select_interfaces(const std::string& spec_text, const std::vector<Interface>& all,
+                         std::vector<Interface>* chosen, std::string* why) {
+  chosen->clear();
+  std::vector<Interface> usable = up_with_address(all);
+  // NCCL treats a spec of one character or less as unset (`strlen(env) > 1`).
+  if (spec_text.size() > 1) {
+    Spec spec = parse_spec(spec_text);
+    *chosen = matching(spec, usable);
+    if (chosen->empty()) {
+      if (why) *why = "NCCL_SOCKET_IFNAME='" + spec_text + "' matched nothing";
+      return SystemError("interface spec '" + spec_text +
+                         "' (NCCL_SOCKET_IFNAME syntax: prefixes, ^ excludes, = exact names) matched no "
+                         "interface that is up with an address; up: " +
+                         names_of(usable));
+    }
+    if (why) *why = "NCCL_SOCKET_IFNAME='" + spec_text + "': chose " + names_of(*chosen);
+    return Status::Ok();
+  }
+
+  // NCCL's default order: ib* first; then anything but docker*, lo and virbr*; those three only
+  // when nothing else is up (docker, then virbr, then lo).
+  static const char* const kTiers[] = {"ib", "^docker,lo,virbr", "docker", "virbr", "lo"};
+  for (size_t tier = 0; tier < sizeof kTiers / sizeof kTiers[0]; ++tier) {
+    *chosen = matching(parse_spec(kTiers[tier]), usable);
+    if (chosen->empty()) continue;
+    if (why) {
+      *why = "NCCL_SOCKET_IFNAME unset: chose " + names_of(*chosen) +
+             " (default order: ib*, then not docker/lo/virbr";
+      *why += tier >= 2 ? "; nothing else is up, so docker*, virbr*, lo as a last resort)" : ")";
+    }
+    return Status::Ok();
+  }
+  if (why) *why = "NCCL_SOCKET_IFNAME unset: no interface is up with an address";
+  return SystemError("no network interface is up with an IPv4 or global IPv6 address");
+}
+
+}  // namespace comm::transport

@@ -1,0 +1,78 @@
+// The socket transport's bookkeeping: preallocated requests split into parts, and per
+// connection FIFO queues of parts to send and parts expected, threaded through the
+// requests (no allocation per message).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "transports/socket/net.h"
+#include "transports/socket/wire.h"
+#include "transports/transport.h"
+
+namespace comm::transport::sock {
+
+constexpr uint32_t kNil = UINT32_MAX;
+
+// One stripe of a message, carried by connection `conn` of the request's peer.
+struct Part {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t done = 0;       // send: header + payload bytes written; receive: payload bytes read
+  uint32_t next = kNil;    // the next part queued on the same connection (a PartLink)
+  bool finished = false;
+};
+
+struct Request {
+  uint32_t generation = 1;  // in the RequestId, so a stale id is caught
+  bool active = false;
+  bool is_send = false;
+  uint8_t nparts = 0;
+  uint8_t parts_left = 0;
+  int peer = -1;
+  OpTag tag;
+  char* buf = nullptr;
+  uint64_t bytes = 0;
+  uint32_t next_free = kNil;
+  Part parts[kMaxConns];
+};
+
+// A part is named by request index * kMaxConns + part index.
+using PartLink = uint32_t;
+
+struct PartQueue {
+  PartLink head = kNil;
+  PartLink tail = kNil;
+  bool empty() const { return head == kNil; }
+};
+
+enum class RecvState : uint8_t {
+  kHeader,     // reading a frame header
+  kPayload,    // reading a DATA part into the matched receive's buffer
+  kStashed,    // a DATA header waits for its receive to be posted; its payload stays in the kernel
+  kErrorText,  // reading an ERROR frame's message
+};
+
+struct Connection {
+  Fd fd;
+  std::string remote;
+  int peer = -1;
+  int index = 0;
+
+  PartQueue sends;         // in posting order
+  FrameHeader send_hdr{};  // header of sends.head while it goes out
+
+  PartQueue receives;      // expected parts, in posting order
+  RecvState state = RecvState::kHeader;
+  FrameHeader recv_hdr{};
+  size_t hdr_got = 0;
+  char error_text[kMaxErrorText];
+  size_t text_got = 0;
+
+  bool hup_seen = false;     // hung up while stashed: poll would report it forever, so skip it
+  bool closed = false;       // nothing more moves on it
+  bool close_is_exit = true;  // closed / reset (the peer died), rather than garbage
+  std::string close_reason;  // completes "rank 3 <reason> during allreduce #5"
+};
+
+}  // namespace comm::transport::sock

@@ -1,0 +1,308 @@
+// Moving bytes: poll() over every connection, frames out of the send queues, headers
+// checked and matched against posted receives, ERROR frames in both directions.
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "transports/socket/socket_transport_impl.h"
+
+namespace comm::transport::sock {
+
+// ---- progress --------------------------------------------------------------------------------
+
+Status SocketTransport::progress(int timeout_ms) {
+  pfds_.clear();
+  pfd_conn_.clear();
+  pfds_.push_back({wake_.get(), POLLIN, 0});
+  pfd_conn_.push_back(0);
+  for (size_t i = 0; i < conns_.size(); ++i) {
+    Connection& c = conns_[i];
+    if (c.closed || !c.fd.valid()) continue;
+    short events = 0;
+    // Every live connection is watched for input, so ERROR frames and closes are seen
+    // even from peers this wait does not involve -- except a stashed one, whose next
+    // bytes belong to a receive not posted yet.
+    if (c.state != RecvState::kStashed) events |= POLLIN;
+    if (!c.sends.empty()) events |= POLLOUT;
+    if (events == 0 && c.hup_seen) continue;
+    pfds_.push_back({c.fd.get(), events, 0});
+    pfd_conn_.push_back(i);
+  }
+  int rc = ::poll(pfds_.data(), pfds_.size(), timeout_ms);
+  if (rc < 0) {
+    if (errno == EINTR) return Status::Ok();
+    return SystemError(me() + ": poll() failed: " + errno_string(errno));
+  }
+  if (rc == 0) return Status::Ok();
+  for (size_t k = 1; k < pfds_.size(); ++k) {
+    short re = pfds_[k].revents;
+    if (re == 0) continue;
+    Connection& c = conns_[pfd_conn_[k]];
+    if (!c.sends.empty() && (re & (POLLOUT | POLLERR | POLLHUP))) send_progress(c);
+    if (c.closed) continue;
+    if (c.state == RecvState::kStashed) {
+      if (re & (POLLERR | POLLHUP)) c.hup_seen = true;
+      continue;
+    }
+    if (re & (POLLIN | POLLERR | POLLHUP)) COMM_RETURN_IF_ERROR(recv_progress(c));
+  }
+  return Status::Ok();
+}
+
+void SocketTransport::send_progress(Connection& c) {
+  while (!c.sends.empty() && !c.closed) {
+    Part& p = part(c.sends.head);
+    Request& r = owner(c.sends.head);
+    if (p.done == 0) {
+      FrameHeader& h = c.send_hdr;
+      h = FrameHeader{};
+      h.magic = kFrameMagic;
+      h.kind = static_cast<uint8_t>(FrameKind::kData);
+      h.coll = static_cast<uint8_t>(r.tag.coll);
+      h.dtype = r.tag.dtype;
+      h.op = r.tag.op;
+      h.root = r.tag.root;
+      h.seq = r.tag.seq;
+      h.count = r.tag.count;
+      h.total_bytes = r.bytes;
+      h.offset = p.offset;
+      h.length = p.length;
+    }
+    iovec iov[2];
+    int niov = 0;
+    if (p.done < kHeaderBytes)
+      iov[niov++] = {reinterpret_cast<char*>(&c.send_hdr) + p.done, static_cast<size_t>(kHeaderBytes - p.done)};
+    uint64_t payload_done = p.done > kHeaderBytes ? p.done - kHeaderBytes : 0;
+    if (payload_done < p.length)
+      iov[niov++] = {r.buf + p.offset + payload_done, static_cast<size_t>(p.length - payload_done)};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(niov);
+    ssize_t n = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (!would_block(errno)) close_connection(c, "reset its connection (" + errno_string(errno) + ")", true);
+      return;
+    }
+    moved_ += static_cast<uint64_t>(n);
+    p.done += static_cast<uint64_t>(n);
+    if (p.done < kHeaderBytes + p.length) return;  // the socket buffer is full
+    pop(c.sends);
+    p.finished = true;
+    --r.parts_left;
+  }
+}
+
+// false: stop reading this connection for now (would block, or it closed).
+bool SocketTransport::handle_recv_result(Connection& c, ssize_t n) {
+  if (n > 0) {
+    moved_ += static_cast<uint64_t>(n);
+    return true;
+  }
+  if (n == 0) {
+    bool clean = c.state == RecvState::kHeader && c.hdr_got == 0;
+    close_connection(c, clean ? "closed its connection" : "closed its connection in the middle of a frame", true);
+    return false;
+  }
+  if (errno == EINTR) return true;
+  if (!would_block(errno)) close_connection(c, "reset its connection (" + errno_string(errno) + ")", true);
+  return false;
+}
+
+Status SocketTransport::recv_progress(Connection& c) {
+  for (;;) {
+    if (c.closed) return Status::Ok();
+    switch (c.state) {
+      case RecvState::kStashed:
+        return Status::Ok();
+      case RecvState::kHeader: {
+        // Only the header: the payload goes straight into the matching receive's buffer.
+        ssize_t n = ::recv(c.fd.get(), reinterpret_cast<char*>(&c.recv_hdr) + c.hdr_got, kHeaderBytes - c.hdr_got,
+                           MSG_DONTWAIT);
+        if (!handle_recv_result(c, n)) return Status::Ok();
+        if (n < 0) continue;
+        c.hdr_got += static_cast<size_t>(n);
+        if (c.hdr_got < kHeaderBytes) continue;
+        c.hdr_got = 0;
+        COMM_RETURN_IF_ERROR(on_header(c));
+        break;
+      }
+      case RecvState::kPayload: {
+        Part& p = part(c.receives.head);
+        Request& r = owner(c.receives.head);
+        ssize_t n = ::recv(c.fd.get(), r.buf + p.offset + p.done, static_cast<size_t>(p.length - p.done), MSG_DONTWAIT);
+        if (!handle_recv_result(c, n)) return Status::Ok();
+        if (n < 0) continue;
+        p.done += static_cast<uint64_t>(n);
+        if (p.done < p.length) continue;
+        pop(c.receives);
+        p.finished = true;
+        --r.parts_left;
+        c.state = RecvState::kHeader;
+        break;
+      }
+      case RecvState::kErrorText: {
+        size_t need = static_cast<size_t>(c.recv_hdr.length);
+        ssize_t n = ::recv(c.fd.get(), c.error_text + c.text_got, need - c.text_got, MSG_DONTWAIT);
+        if (!handle_recv_result(c, n)) return Status::Ok();
+        if (n < 0) continue;
+        c.text_got += static_cast<size_t>(n);
+        if (c.text_got == need) return peer_reported(c);
+        break;
+      }
+    }
+  }
+}
+
+// Everything in the header came from the wire: check it before it indexes anything.
+Status SocketTransport::on_header(Connection& c) {
+  const FrameHeader& h = c.recv_hdr;
+  auto garbage = [&](const std::string& what) {
+    close_connection(c, "sent a malformed frame (" + what + ") and its connection was closed", false);
+    return Status::Ok();
+  };
+  if (h.magic != kFrameMagic) return garbage("bad magic " + std::to_string(h.magic));
+  if (h.kind == static_cast<uint8_t>(FrameKind::kError)) {
+    if (h.length > kMaxErrorText) return garbage("error text of " + std::to_string(h.length) + " bytes");
+    c.text_got = 0;
+    if (h.length == 0) return peer_reported(c);
+    c.state = RecvState::kErrorText;
+    return Status::Ok();
+  }
+  if (h.kind != static_cast<uint8_t>(FrameKind::kData)) return garbage("unknown kind " + std::to_string(h.kind));
+  if (h.coll < static_cast<uint8_t>(CollKind::kAllreduce) || h.coll > static_cast<uint8_t>(CollKind::kInternal))
+    return garbage("unknown collective " + std::to_string(h.coll));
+  if (h.offset > h.total_bytes || h.length > h.total_bytes - h.offset)
+    return garbage("part at offset " + std::to_string(h.offset) + " of " + std::to_string(h.length) +
+                   " bytes lies outside its " + std::to_string(h.total_bytes) + "-byte message");
+  c.state = RecvState::kStashed;
+  c.hup_seen = false;
+  if (c.receives.empty()) return Status::Ok();
+  return match(c);
+}
+
+// The stashed header against the oldest receive expected on this connection.
+Status SocketTransport::match(Connection& c) {
+  const FrameHeader& h = c.recv_hdr;
+  Part& p = part(c.receives.head);
+  Request& r = owner(c.receives.head);
+  OpTag got;
+  got.seq = h.seq;
+  got.coll = static_cast<CollKind>(h.coll);
+  got.dtype = h.dtype;
+  got.op = h.op;
+  got.root = h.root;
+  got.count = h.count;
+  std::string them = "rank " + std::to_string(r.peer);
+  std::string us = "rank " + std::to_string(rank()) + " (this rank)";
+  if (!(got == r.tag))
+    return InvalidUsage(them + " called " + describe(got) + " but " + us + " called " + describe(r.tag));
+  if (h.total_bytes != r.bytes)
+    return InvalidUsage(them + " sent " + std::to_string(h.total_bytes) + " bytes for " + describe(got) + " but " + us +
+                        " expects " + std::to_string(r.bytes) + " bytes for it");
+  if (h.offset != p.offset || h.length != p.length)
+    return InvalidUsage(them + " sent bytes [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
+                        ") of " + describe(got) + " on connection #" + std::to_string(c.index) + " but " + us +
+                        " expects [" + std::to_string(p.offset) + ", +" + std::to_string(p.length) +
+                        ") there (different COMM_SOCKET_NCONNS?)");
+  c.hup_seen = false;
+  if (p.length > 0) {
+    c.state = RecvState::kPayload;
+    return Status::Ok();
+  }
+  pop(c.receives);
+  p.finished = true;
+  --r.parts_left;
+  c.state = RecvState::kHeader;
+  return Status::Ok();
+}
+
+Status SocketTransport::peer_reported(Connection& c) {
+  std::string text(c.error_text, c.text_got);
+  for (auto& ch : text)
+    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f) ch = '?';
+  c.state = RecvState::kHeader;
+  // INVALID_USAGE stays INVALID_USAGE: every rank then reports the disagreement itself.
+  comm_status_t code = c.recv_hdr.status == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
+  return Status(code, "rank " + std::to_string(c.peer) + " reported: " + text);
+}
+
+void SocketTransport::close_connection(Connection& c, const std::string& reason, bool is_exit) {
+  if (c.closed) return;
+  c.closed = true;
+  c.close_reason = reason;
+  c.close_is_exit = is_exit;
+  bool quiet = is_exit && reason == "closed its connection";  // a peer that finished and left
+  if (quiet)
+    COMM_INFO(kNet, "%s: rank %d %s (connection #%d, %s)", me().c_str(), c.peer, reason.c_str(), c.index,
+              c.remote.c_str());
+  else
+    COMM_WARN(kNet, "%s: rank %d %s (connection #%d, %s)", me().c_str(), c.peer, reason.c_str(), c.index,
+              c.remote.c_str());
+  c.fd.reset();
+}
+
+// ---- failure propagation ---------------------------------------------------------------------
+
+void SocketTransport::notify_peers(const Status& failure) {
+  Status reason = failure.ok() ? Internal(me() + ": notify_peers called without a failure") : failure;
+  std::string text = reason.message().substr(0, kMaxNotifyText);
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.kind = static_cast<uint8_t>(FrameKind::kError);
+  h.coll = static_cast<uint8_t>(CollKind::kInternal);
+  h.root = rank();
+  h.status = static_cast<uint32_t>(reason.code());
+  h.total_bytes = text.size();
+  h.length = text.size();
+  const size_t total = kHeaderBytes + text.size();
+
+  // Every connection not in the middle of a frame: a receiver stalled on one connection
+  // (a stashed header) may still see the others.
+  struct Out {
+    int fd;
+    size_t sent;
+  };
+  std::vector<Out> outs;
+  for (auto& c : conns_) {
+    if (c.closed || !c.fd.valid()) continue;
+    if (!c.sends.empty() && part(c.sends.head).done > 0) continue;
+    outs.push_back({c.fd.get(), 0});
+  }
+  const Clock::time_point deadline = Clock::now() + kNotifyBudget;
+  std::vector<pollfd> pending;
+  for (;;) {
+    pending.clear();
+    for (auto& o : outs) {
+      while (o.sent < total) {
+        iovec iov[2];
+        int niov = 0;
+        if (o.sent < kHeaderBytes) iov[niov++] = {reinterpret_cast<char*>(&h) + o.sent, kHeaderBytes - o.sent};
+        size_t text_done = o.sent > kHeaderBytes ? o.sent - kHeaderBytes : 0;
+        if (text_done < text.size()) iov[niov++] = {text.data() + text_done, text.size() - text_done};
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(niov);
+        ssize_t n = ::sendmsg(o.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+          o.sent += static_cast<size_t>(n);
+        } else if (n < 0 && errno == EINTR) {
+          continue;
+        } else {
+          if (n < 0 && !would_block(errno)) o.sent = total;  // that peer is gone: nothing to tell
+          break;
+        }
+      }
+      if (o.sent < total) pending.push_back({o.fd, POLLOUT, 0});
+    }
+    Clock::time_point now = Clock::now();
+    if (pending.empty() || now >= deadline) break;
+    if (::poll(pending.data(), pending.size(), ceil_ms(deadline - now)) < 0 && errno != EINTR) break;
+  }
+  COMM_INFO(kNet, "%s: told %zu connection(s) of its peers that it failed: %s", me().c_str(), outs.size(),
+            text.c_str());
+  (void)fail(reason);
+}
+
+}  // namespace comm::transport::sock

@@ -1,0 +1,97 @@
+// The socket transport's class, shared by its two halves: socket_transport.cc (setup,
+// requests, wait/test) and progress.cc (moving bytes, matching, failures on the wire).
+#pragma once
+
+#include <poll.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "transports/socket/connection.h"
+#include "transports/socket/mesh.h"
+#include "transports/transport.h"
+
+namespace comm::transport::sock {
+
+constexpr uint32_t kPoolBits = 12;
+constexpr uint32_t kPoolSize = 1u << kPoolBits;  // requests in flight at once
+constexpr uint32_t kGenerationMask = (1u << (32 - kPoolBits)) - 1;
+constexpr uint64_t kHeaderBytes = sizeof(FrameHeader);
+constexpr auto kSpin = std::chrono::microseconds(50);  // then block: ranks may outnumber cores
+constexpr auto kNotifyBudget = std::chrono::milliseconds(100);
+constexpr size_t kMaxNotifyText = 512;
+
+inline bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
+
+inline int ceil_ms(Clock::duration d) {
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  return static_cast<int>(std::clamp<int64_t>((us + 999) / 1000, 1, 1000));
+}
+class SocketTransport final : public Transport {
+ public:
+  SocketTransport(Options options, int nconns, std::vector<MeshLink> links, Fd wake);
+
+  const char* name() const override { return "socket"; }
+
+  Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {
+    return post(true, peer, tag, static_cast<char*>(const_cast<void*>(buf)), bytes, id);
+  }
+  Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) override {
+    return post(false, peer, tag, static_cast<char*>(buf), bytes, id);
+  }
+  Status wait(const RequestId* ids, size_t n) override;
+  Status test(RequestId id, bool* done) override;
+  void notify_peers(const Status& failure) override;
+
+  // Any thread: an atomic flag, and the eventfd wakes a wait blocked in poll().
+  void abort() override;
+
+ private:
+  Status post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
+  Status usable();
+  Status fail(const Status& st) {
+    if (failed_.ok()) failed_ = st;
+    return failed_;
+  }
+  Status lookup(RequestId id, uint32_t* index) const;
+  void release(uint32_t index);
+
+  Connection& conn(int peer, int index) {
+    return conns_[static_cast<size_t>(peer) * static_cast<size_t>(nconns_) + static_cast<size_t>(index)];
+  }
+  Request& owner(PartLink link) { return pool_[link / kMaxConns]; }
+  Part& part(PartLink link) { return pool_[link / kMaxConns].parts[link % kMaxConns]; }
+  void push(PartQueue& q, PartLink link);
+  PartLink pop(PartQueue& q);
+
+  Status progress(int timeout_ms);
+  void send_progress(Connection& c);
+  Status recv_progress(Connection& c);
+  bool handle_recv_result(Connection& c, ssize_t n);
+  Status on_header(Connection& c);
+  Status match(Connection& c);
+  Status peer_reported(Connection& c);
+  void close_connection(Connection& c, const std::string& reason, bool is_exit);
+  Status check_peers(Request& r);
+  std::string timeout_message(const RequestId* ids, size_t n);
+  std::string me() const { return options_.comm_label + (options_.comm_label.empty() ? "" : " ") + "rank " +
+                                  std::to_string(rank()); }
+
+  int nconns_;
+  std::vector<Connection> conns_;
+  std::vector<Request> pool_;
+  uint32_t free_head_ = kNil;
+  std::vector<pollfd> pfds_;
+  std::vector<size_t> pfd_conn_;
+  Fd wake_;  // eventfd: abort() wakes a wait blocked in poll()
+  std::atomic<bool> aborted_{false};
+  Status failed_;
+  uint64_t moved_ = 0;  // bytes moved on any connection: "no progress" means this stood still
+};
+
+}  // namespace comm::transport::sock

@@ -1,0 +1,84 @@
+// What the socket transport puts on the wire: the connection handshake and the frame
+// header in front of every message part. Fixed-size, naturally aligned structs in host
+// byte order; a peer of another byte order or version fails the magic/version check.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace comm::transport::sock {
+
+// ---- handshake: connector -> acceptor: Hello + secret bytes; acceptor -> connector: Reply.
+constexpr uint64_t kHelloMagic = 0x4b53434d4d4f4331ull;  // "1COMMCSK"
+constexpr uint64_t kReplyMagic = 0x4b43414d4d4f4331ull;  // "1COMMACK"
+constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kMaxSecretBytes = 1024;
+
+struct Hello {
+  uint64_t magic;
+  uint32_t version;
+  int32_t rank;  // the connecting rank
+  int32_t size;  // its world size
+  uint32_t conn_index;
+  uint32_t nconns;
+  uint32_t secret_len;  // followed by this many secret bytes
+};
+static_assert(sizeof(Hello) == 32);
+
+enum class ReplyCode : uint32_t {
+  kOk = 0,
+  kBadVersion = 1,
+  kBadSecret = 2,
+  kBadRank = 3,
+  kSizeMismatch = 4,
+  kNconnsMismatch = 5,
+  kDuplicate = 6,
+};
+
+struct Reply {
+  uint64_t magic;
+  uint32_t code;   // ReplyCode
+  uint32_t value;  // kSizeMismatch / kNconnsMismatch: the acceptor's value
+};
+static_assert(sizeof(Reply) == 16);
+
+// ---- frames: header, then `length` payload bytes.
+constexpr uint32_t kFrameMagic = 0x314d5246u;  // "FRM1"
+enum class FrameKind : uint8_t { kData = 1, kError = 2 };
+constexpr uint32_t kMaxErrorText = 1024;  // an ERROR frame's payload: the sender's message
+
+struct FrameHeader {
+  uint32_t magic;
+  uint8_t kind;  // FrameKind
+  uint8_t coll;  // OpTag fields
+  uint8_t dtype;
+  uint8_t op;
+  int32_t root;
+  uint32_t status;  // ERROR: the sender's comm_status_t
+  uint64_t seq;
+  uint64_t count;
+  uint64_t total_bytes;  // DATA: the whole message; ERROR: the text length
+  uint64_t offset;       // this part's place in the message
+  uint64_t length;       // this part's payload bytes
+};
+static_assert(sizeof(FrameHeader) == 56);
+
+// ---- striping: a function of the message size (and the connection count every rank agreed
+// on at the handshake) only, so both sides know which connection carries which bytes and
+// each connection stays FIFO.
+constexpr int kMaxConns = 8;
+constexpr uint64_t kStripeThreshold = 256 * 1024;
+
+inline int stripe_parts(uint64_t bytes, int nconns) { return bytes > kStripeThreshold ? nconns : 1; }
+
+// Part k of n goes on connection k. For bytes > kStripeThreshold and n <= kMaxConns every part
+// is non-empty ((n-1) * ceil(bytes/n) < bytes whenever (n-1)^2 < bytes).
+inline void stripe_part(uint64_t bytes, int nparts, int k, uint64_t* offset, uint64_t* length) {
+  uint64_t chunk = (bytes + static_cast<uint64_t>(nparts) - 1) / static_cast<uint64_t>(nparts);
+  uint64_t begin = chunk * static_cast<uint64_t>(k);
+  uint64_t end = begin + chunk < bytes ? begin + chunk : bytes;
+  *offset = begin < bytes ? begin : bytes;
+  *length = end > *offset ? end - *offset : 0;
+}
+
+}  // namespace comm::transport::sock
