@@ -49,7 +49,7 @@ out=$("$RUN" -n 2 -- sh -c 'printf "a\nb"; sleep 0.2; printf c' | sort)
 expect_eq "lines are reassembled; a last partial line is flushed" \
   "$(printf '[0] a\n[0] bc\n[1] a\n[1] bc')" "$out"
 
-out=$("$RUN" -n 2 -- sh -c 'printf "one\n"; sh -c "sleep 30" >/dev/null 2>&1 & exit 0')
+out=$("$RUN" -n 2 -- sh -c 'printf "one\n"; sh -c "sleep 5" >/dev/null 2>&1 & exit 0')
 expect_eq "exits without waiting for a leftover process" "$(printf '[0] one\n[1] one')" "$(sort <<<"$out")"
 
 # --- pinning ---
@@ -81,10 +81,12 @@ rc=$?
 expect_eq "a rank killed by a signal: 128+signal" "137" "$rc"
 expect_match "names the signal" 'rank 1 killed by signal 9' "$(cat "$TMP/err")"
 
-# A rank that ignores SIGTERM is killed after the grace period.
+# A rank that ignores SIGTERM is killed after the grace period. Rank 0 fails only once rank 1
+# ignores SIGTERM (a marker file), so a loaded machine cannot turn this into a plain SIGTERM.
 start=$SECONDS
-"$RUN" -n 2 --grace-s 1 -- sh -c 'trap "" TERM; if [ "$RANK" = 0 ]; then exit 1; fi; sleep 60 & wait; sleep 60' \
-  >/dev/null 2>"$TMP/err"
+MARK="$TMP/ignoring" "$RUN" -n 2 --grace-s 1 -- sh -c '
+  if [ "$RANK" = 1 ]; then trap "" TERM; touch "$MARK"; sleep 60; exit 0; fi
+  while [ ! -e "$MARK" ]; do sleep 0.05; done; exit 1' >/dev/null 2>"$TMP/err"
 rc=$?
 expect_eq "grace period then SIGKILL: status of the first failure" "1" "$rc"
 expect_match "the stubborn rank is reported" 'rank 1 killed by signal 9' "$(cat "$TMP/err")"
@@ -98,9 +100,11 @@ expect_match "says why" "cannot run '/nonexistent/program'" "$(cat "$TMP/err")"
 "$RUN" -n 2 -- true && pass "all ranks exit 0: exit 0" || fail "all ranks exit 0: non-zero"
 
 # --- signals and time limits ---
-"$RUN" -n 2 -- sh -c 'trap "echo got-INT-$RANK; exit 0" INT; sleep 60 & wait' >"$TMP/out" 2>"$TMP/err" &
+# Each rank says when its handler is in place (a marker file); then comm-run gets the SIGINT.
+READY="$TMP/ready" "$RUN" -n 2 -- sh -c 'trap "echo got-INT-$RANK; kill \$!; exit 0" INT; touch "$READY.$RANK"; sleep 60 & wait' \
+  >"$TMP/out" 2>"$TMP/err" &
 pid=$!
-sleep 1
+for _ in $(seq 1 400); do [[ -e "$TMP/ready.0" && -e "$TMP/ready.1" ]] && break; sleep 0.05; done
 kill -INT "$pid"
 wait "$pid"
 rc=$?
