@@ -59,6 +59,7 @@ struct Options {
   std::string secret;            // per-job secret from the rendezvous; data connections present it
   std::shared_ptr<Store> store;  // prefixed for this communicator: addresses are exchanged here
   std::string comm_label;        // for log lines, e.g. "comm 0x1a2b"
+  bool all_local = false;        // every rank is on this host (from the rendezvous)
 };
 
 class Transport {

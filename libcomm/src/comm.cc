@@ -153,23 +153,30 @@ std::string compare(const Fingerprint& mine, int my_rank, const Fingerprint& the
 
 // Rank 0 collects every rank's fingerprint and publishes one verdict (plus the job secret),
 // so every rank fails the same way, naming the difference, or none does.
-Status agree(Store& store, int rank, int size, const CommSettings& s, std::string* secret) {
+Status agree(Store& store, int rank, int size, const CommSettings& s, std::string* secret, bool* all_local) {
   Deadline deadline = Deadline::after_ms(s.timeout_ms);
   Fingerprint mine = fingerprint(size, s);
+  const std::string my_host = host_identity();
+  COMM_RETURN_IF_ERROR(store.set("init/host/" + std::to_string(rank), my_host));
   COMM_RETURN_IF_ERROR(store.set("init/fp/" + std::to_string(rank), encode(mine)));
   if (rank == 0) {
     std::string problems;
+    *all_local = true;
     for (int r = 1; r < size; ++r) {
-      std::string text;
+      std::string text, host;
       Status st = store.get("init/fp/" + std::to_string(r), &text, deadline);
+      if (st.ok()) st = store.get("init/host/" + std::to_string(r), &host, deadline);
       if (!st.ok())
         return Timeout("rank " + std::to_string(r) + " never joined within " + std::to_string(s.timeout_ms) +
                        " ms (is it running, with the same MASTER_ADDR/MASTER_PORT or init_method?)");
       std::string diff = compare(mine, 0, decode(text), r);
       if (!diff.empty()) problems += (problems.empty() ? "" : "; ") + diff;
+      *all_local = *all_local && host == my_host;
     }
     COMM_RETURN_IF_ERROR(random_secret(secret));
-    std::string verdict = problems.empty() ? "OK\n" + *secret + "\n" + encode(mine) : "FAIL\n" + problems;
+    std::string verdict = problems.empty()
+                              ? "OK\n" + *secret + (*all_local ? "L" : "R") + "\n" + encode(mine)
+                              : "FAIL\n" + problems;
     COMM_RETURN_IF_ERROR(store.set("init/verdict", verdict));
     if (!problems.empty()) {
       // Stay until every rank has read the verdict: our process may hold the store.
@@ -189,7 +196,9 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
     return InvalidUsage("ranks disagree at init: " + verdict.substr(5) + "; start every rank with the same settings");
   size_t nl = verdict.find('\n', 3);
   if (verdict.rfind("OK\n", 0) != 0 || nl == std::string::npos) return Internal("malformed init verdict in the store");
-  *secret = verdict.substr(3, nl - 3);
+  if (nl < 4) return Internal("malformed init verdict in the store");
+  *all_local = verdict[nl - 1] == 'L';
+  *secret = verdict.substr(3, nl - 4);
   std::string diff = compare(mine, rank, decode(verdict.substr(nl + 1)), 0);
   if (!diff.empty())
     return InvalidUsage("ranks disagree at init: " + diff + "; start every rank with the same settings");
@@ -227,6 +236,7 @@ Status connect_transport(comm_t c) {
   opt.secret = c->secret;
   opt.store = make_prefix_store(c->job_store, "comm/" + c->id + "/socket");
   opt.comm_label = "comm " + c->id;
+  opt.all_local = c->all_local;
   if (c->size > 1)
     COMM_RETURN_IF_ERROR(transport::create_socket_transport(opt, &c->transport));
   else
@@ -260,8 +270,7 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   std::string token;
   COMM_RETURN_IF_ERROR(params::get_string("COMM_AUTH_TOKEN", &token));
   COMM_RETURN_IF_ERROR(open_store(id, c->settings.timeout_ms, token, &c->job_store));
-  COMM_RETURN_IF_ERROR(agree(*c->job_store, c->rank, c->size, c->settings, &c->secret));
-  (void)c->job_store->set("host/" + std::to_string(c->rank), host_identity());
+  COMM_RETURN_IF_ERROR(agree(*c->job_store, c->rank, c->size, c->settings, &c->secret, &c->all_local));
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
   COMM_INFO(kInit, "rank %d of %d ready (init %s, transport %s, timeout %d ms)", c->rank, c->size,
@@ -277,6 +286,7 @@ Status create_child(comm_t parent, const std::string& id, int rank, int size, co
   c->id = id;
   c->settings = parent->settings;
   c->secret = parent->secret;
+  c->all_local = parent->all_local;
   c->job_store = parent->job_store;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));

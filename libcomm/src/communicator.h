@@ -44,6 +44,7 @@ struct comm_s {
   std::string id;  // "0" for the world, "0.d1", "0.s2c1" for children: unique per job
   comm::CommSettings settings;
   std::string secret;
+  bool all_local = false;  // every rank on this host (hostname, boot id, netns or COMM_HOST_ID)
   std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
   std::unique_ptr<comm::transport::Transport> transport;
   comm::algo::Scratch scratch;

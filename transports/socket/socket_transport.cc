@@ -247,9 +247,14 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
       source = "NCCL_SOCKET_IFNAME";
       COMM_RETURN_IF_ERROR(params::get_string("NCCL_SOCKET_IFNAME", &spec));
     }
+    // Every rank on this host and no interface asked for: stay on loopback, which every
+    // local peer can reach and which keeps single-host traffic off the real NICs.
+    bool loopback = spec.empty() && options.all_local;
+    if (loopback) spec = "=lo";
     std::vector<Interface> chosen;
     std::string why;
     Status st = select_interfaces(spec, list_interfaces(), &chosen, &why);
+    if (loopback) why = "all ranks on one host and no COMM_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set: chose lo";
     if (!st.ok()) return st.prefixed(me + ": socket transport: " + (spec.empty() ? "" : source + " set: "));
     if (source == "COMM_SOCKET_IFNAME" && why.rfind("NCCL_SOCKET_IFNAME", 0) == 0)
       why.replace(0, 18, "COMM_SOCKET_IFNAME");
