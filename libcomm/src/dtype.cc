@@ -262,7 +262,9 @@ inline void loop_self(typename K::S* __restrict o, size_t n) {
 // Every kernel gets an AVX2 clone, picked once at load time (ifunc). Large buffers are
 // memory-bound either way, but the in-cache chunks of a pipelined ring are not, and the
 // fp16/bf16 and min/max loops need wider integer and blend instructions than SSE2 has.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// ifunc resolvers run before ThreadSanitizer's runtime is up and crash it, so TSan
+// builds take the default clone only.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define COMM_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define COMM_CLONES
