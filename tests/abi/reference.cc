@@ -245,89 +245,113 @@ void fill_input(void* buf, size_t count, comm_dtype_t dtype, comm_op_t op, uint6
   for (size_t i = 0; i < count; ++i) write_input(p + i * es, dtype, op, seed, rank, first_index + i);
 }
 
+namespace {
+
+// The expected value of one reduced element, and whether got matches it; text only on demand.
+struct Expected {
+  bool good = true;
+  std::string got_text, expected_text;
+};
+
+Expected expect_float(const unsigned char* got_p, comm_dtype_t dtype, comm_op_t op, uint64_t seed, int nranks,
+                      size_t index, bool describe) {
+  unsigned char in[8];
+  long double sum = 0, abs_sum = 0, prod = 1;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (int r = 0; r < nranks; ++r) {
+    write_input(in, dtype, op, seed, r, index);
+    const double x = read_float(in, dtype);
+    sum += x;
+    abs_sum += std::fabs(x);
+    prod *= x;
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+  }
+  const double eps = epsilon(dtype);
+  double ref = 0, tol = 0;
+  switch (op) {
+    case COMM_SUM: ref = static_cast<double>(sum); tol = nranks * eps * static_cast<double>(abs_sum); break;
+    case COMM_AVG:
+      ref = static_cast<double>(sum / nranks);
+      tol = eps * static_cast<double>(abs_sum) + eps * std::fabs(ref);
+      break;
+    case COMM_PROD: ref = static_cast<double>(prod); tol = nranks * eps * std::fabs(ref); break;
+    case COMM_MIN: ref = lo; break;
+    case COMM_MAX: ref = hi; break;
+  }
+  const double got = read_float(got_p, dtype);
+  Expected e;
+  e.good = std::isfinite(got) && std::fabs(got - ref) <= tol;
+  if (describe) {
+    e.got_text = fmt_g(got);
+    e.expected_text = fmt_g(ref) + " (tolerance " + fmt_g(tol) + ")";
+  }
+  return e;
+}
+
+Expected expect_int(const unsigned char* got_p, comm_dtype_t dtype, comm_op_t op, uint64_t seed, int nranks,
+                    size_t index, bool describe) {
+  unsigned char in[8];
+  uint64_t sum = 0, prod = 1, lo = 0, hi = 0;
+  const bool sgn = is_signed_int(dtype);
+  for (int r = 0; r < nranks; ++r) {
+    write_input(in, dtype, op, seed, r, index);
+    const uint64_t x = read_int(in, dtype);
+    sum += x;  // unsigned: wraps without undefined behaviour
+    prod *= x;
+    const bool less = sgn ? static_cast<int64_t>(x) < static_cast<int64_t>(lo) : x < lo;
+    const bool more = sgn ? static_cast<int64_t>(x) > static_cast<int64_t>(hi) : x > hi;
+    if (r == 0 || less) lo = x;
+    if (r == 0 || more) hi = x;
+  }
+  uint64_t ref = 0;
+  switch (op) {
+    case COMM_SUM: ref = wrap(sum, dtype); break;
+    case COMM_PROD: ref = wrap(prod, dtype); break;
+    case COMM_MIN: ref = lo; break;
+    case COMM_MAX: ref = hi; break;
+    case COMM_AVG: {
+      const uint64_t s = wrap(sum, dtype);
+      ref = sgn ? static_cast<uint64_t>(static_cast<int64_t>(s) / nranks) : s / static_cast<uint64_t>(nranks);
+      break;
+    }
+  }
+  const uint64_t got = read_int(got_p, dtype);
+  Expected e;
+  e.good = got == ref;
+  if (describe) {
+    e.got_text = describe_int(got, dtype);
+    e.expected_text = describe_int(ref, dtype);
+  }
+  return e;
+}
+
+}  // namespace
+
 CheckResult check_reduced(const void* buf, size_t count, comm_dtype_t dtype, comm_op_t op,
                           uint64_t seed, int nranks, size_t first_index) {
   CheckResult result;
   const size_t es = dtype_size(dtype);
   const auto* p = static_cast<const unsigned char*>(buf);
-  unsigned char in[8];
+  const bool fp = is_float(dtype);
   for (size_t i = 0; i < count; ++i) {
     const size_t index = first_index + i;
-    std::string expected_text;
-    bool good;
-    std::string got_text;
-    if (is_float(dtype)) {
-      long double sum = 0, abs_sum = 0, prod = 1;
-      double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+    const unsigned char* got = p + i * es;
+    const bool good = fp ? expect_float(got, dtype, op, seed, nranks, index, false).good
+                         : expect_int(got, dtype, op, seed, nranks, index, false).good;
+    if (good) continue;
+    if (result.wrong++ == 0) {
+      const Expected e = fp ? expect_float(got, dtype, op, seed, nranks, index, true)
+                            : expect_int(got, dtype, op, seed, nranks, index, true);
+      std::string inputs;
+      unsigned char in[8];
       for (int r = 0; r < nranks; ++r) {
         write_input(in, dtype, op, seed, r, index);
-        const double x = read_float(in, dtype);
-        sum += x;
-        abs_sum += std::fabs(x);
-        prod *= x;
-        lo = std::min(lo, x);
-        hi = std::max(hi, x);
+        if (r) inputs += ", ";
+        inputs += fp ? fmt_g(read_float(in, dtype)) : describe_int(read_int(in, dtype), dtype);
       }
-      const double eps = epsilon(dtype);
-      double ref = 0, tol = 0;
-      switch (op) {
-        case COMM_SUM: ref = static_cast<double>(sum); tol = nranks * eps * static_cast<double>(abs_sum); break;
-        case COMM_AVG:
-          ref = static_cast<double>(sum / nranks);
-          tol = eps * static_cast<double>(abs_sum) + eps * std::fabs(ref);
-          break;
-        case COMM_PROD: ref = static_cast<double>(prod); tol = nranks * eps * std::fabs(ref); break;
-        case COMM_MIN: ref = lo; break;
-        case COMM_MAX: ref = hi; break;
-      }
-      const double got = read_float(p + i * es, dtype);
-      good = std::isfinite(got) && std::fabs(got - ref) <= tol;
-      got_text = fmt_g(got);
-      expected_text = fmt_g(ref) + " (tolerance " + fmt_g(tol) + ")";
-    } else {
-      uint64_t sum = 0, prod = 1;
-      uint64_t lo = 0, hi = 0;
-      const bool sgn = is_signed_int(dtype);
-      for (int r = 0; r < nranks; ++r) {
-        write_input(in, dtype, op, seed, r, index);
-        const uint64_t x = read_int(in, dtype);
-        sum += x;   // unsigned: wraps without undefined behaviour
-        prod *= x;
-        const bool less = sgn ? static_cast<int64_t>(x) < static_cast<int64_t>(lo) : x < lo;
-        const bool more = sgn ? static_cast<int64_t>(x) > static_cast<int64_t>(hi) : x > hi;
-        if (r == 0 || less) lo = x;
-        if (r == 0 || more) hi = x;
-      }
-      uint64_t ref = 0;
-      switch (op) {
-        case COMM_SUM: ref = wrap(sum, dtype); break;
-        case COMM_PROD: ref = wrap(prod, dtype); break;
-        case COMM_MIN: ref = lo; break;
-        case COMM_MAX: ref = hi; break;
-        case COMM_AVG: {
-          const uint64_t s = wrap(sum, dtype);
-          ref = sgn ? static_cast<uint64_t>(static_cast<int64_t>(s) / nranks) : s / static_cast<uint64_t>(nranks);
-          break;
-        }
-      }
-      const uint64_t got = read_int(p + i * es, dtype);
-      good = got == ref;
-      got_text = describe_int(got, dtype);
-      expected_text = describe_int(ref, dtype);
-    }
-    if (!good) {
-      if (result.wrong == 0) {
-        std::string inputs;
-        for (int r = 0; r < nranks; ++r) {
-          write_input(in, dtype, op, seed, r, index);
-          inputs += (r ? ", " : "") + (is_float(dtype) ? fmt_g(read_float(in, dtype))
-                                                       : describe_int(read_int(in, dtype), dtype));
-        }
-        result.first = "element " + std::to_string(index) + ": got " + got_text + " (0x" +
-                       hex_bytes(p + i * es, es) + "), expected " + expected_text + " from inputs [" +
-                       inputs + "]";
-      }
-      ++result.wrong;
+      result.first = "element " + std::to_string(index) + ": got " + e.got_text + " (0x" + hex_bytes(got, es) +
+                     "), expected " + e.expected_text + " from inputs [" + inputs + "]";
     }
   }
   return result;

@@ -7,12 +7,15 @@
 // the reference and compares its whole result bytewise with rank 0's, which together cover
 // every element on every rank.
 //
-// Trimmed at 1048579 elements only (all smaller counts run the full product):
-//  - reductions: every dtype with sum, and every op with float32, float16 and int32, out of
-//    place; in place only for sum on float32, bfloat16, int8 and uint64 — a large count's risk
-//    is chunking at non-divisible boundaries, which does not depend on the other pairs;
+// Trimmed at 1048579 elements only (all smaller counts run the full product); a large count's
+// risk is chunking at boundaries that divide nothing, which does not depend on every pair:
+//  - allreduce, reduce: every dtype with sum, and every op with float32, float16 and int32, out
+//    of place; in place only for sum on float32, bfloat16, int8 and uint64;
+//  - reduce_scatter (each rank sends n x 1048579, ~3x the cost): sum on float32, float16, int32
+//    and uint8, avg on float32, max on bfloat16, prod on int64; in place: sum on float32 and int8;
 //  - broadcast, allgather, alltoall, send/recv (data moved, not reduced): float64, float16 and
 //    uint8, one root (the last rank) for broadcast.
+// The send/recv ring starts at 2 ranks; sending to oneself is its own test below.
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -45,18 +48,30 @@ bool keep_large_reduction(comm_dtype_t d, comm_op_t op, bool in_place) {
   return op == COMM_SUM || d == COMM_FLOAT32 || d == COMM_FLOAT16 || d == COMM_INT32;
 }
 
+bool keep_large_reduce_scatter(comm_dtype_t d, comm_op_t op, bool in_place) {
+  if (in_place) return op == COMM_SUM && (d == COMM_FLOAT32 || d == COMM_INT8);
+  switch (op) {
+    case COMM_SUM: return d == COMM_FLOAT32 || d == COMM_FLOAT16 || d == COMM_INT32 || d == COMM_UINT8;
+    case COMM_AVG: return d == COMM_FLOAT32;
+    case COMM_MAX: return d == COMM_BFLOAT16;
+    case COMM_PROD: return d == COMM_INT64;
+    default: return false;
+  }
+}
+
 bool keep_large_move(comm_dtype_t d) { return d == COMM_FLOAT64 || d == COMM_FLOAT16 || d == COMM_UINT8; }
 
 // Reductions: every (count, dtype, op, placement); a distinct seed per case, so a stale result
 // of the previous case never passes; roots cycle through the ranks.
-std::vector<Case> reduction_cases(int n) {
+using KeepLarge = bool (*)(comm_dtype_t, comm_op_t, bool);
+std::vector<Case> reduction_cases(int n, KeepLarge keep_large = keep_large_reduction) {
   std::vector<Case> cases;
   uint64_t i = 0;
   for (size_t count : kCounts) {
     for (comm_dtype_t d : kAllDtypes) {
       for (comm_op_t op : kAllOps) {
         for (bool in_place : {false, true}) {
-          if (count == kLargeCount && !keep_large_reduction(d, op, in_place)) continue;
+          if (count == kLargeCount && !keep_large(d, op, in_place)) continue;
           ++i;
           cases.push_back({d, op, count, in_place, static_cast<int>(i % static_cast<uint64_t>(n)),
                            mix64(i * 1000003u + static_cast<uint64_t>(n))});
@@ -210,7 +225,7 @@ void allgather_body(RankCtx& k) {
 
 void reduce_scatter_body(RankCtx& k) {
   const size_t n = static_cast<size_t>(k.n);
-  for (const Case& c : reduction_cases(k.n)) {
+  for (const Case& c : reduction_cases(k.n, keep_large_reduce_scatter)) {
     const size_t es = dtype_size(c.dtype);
     const size_t first = static_cast<size_t>(k.rank) * c.count;
     fill_input(k.send, n * c.count, c.dtype, c.op, c.seed, k.rank, 0);
@@ -249,6 +264,7 @@ void alltoall_body(RankCtx& k) {
 
 // Each rank sends to its right and receives from its left, grouped (n = 1: itself).
 void sendrecv_ring_body(RankCtx& k) {
+  if (k.n == 1) return;  // sending to oneself: its own test
   const int right = (k.rank + 1) % k.n;
   const int left = (k.rank + k.n - 1) % k.n;
   for (Case c : move_cases(k.n, false)) {
@@ -306,6 +322,25 @@ TEST_CASE("alltoall: block j of rank r is block r of rank j's input, in and out 
 TEST_CASE("send/recv: a grouped ring delivers each rank's data to its right neighbour, every dtype and count",
           "[sweep]") {
   for_each_world("send/recv ring", sendrecv_ring_body);
+}
+
+TEST_CASE("send/recv: a rank sends to and receives from itself inside a group, as NCCL allows", "[sweep]") {
+  const std::string failures = run_on_shared_world(1, [](RankCtx& k) {
+    const size_t count = 1023;
+    fill_input(k.send, count, COMM_INT32, COMM_SUM, 3, 0, 0);
+    std::memset(k.recv, 0xA5, count * 4);
+    comm_status_t st = comm_group_start();
+    const comm_status_t s1 = comm_send(k.comm, k.send, count, COMM_INT32, 0, nullptr);
+    const comm_status_t s2 = comm_recv(k.comm, k.recv, count, COMM_INT32, 0, nullptr);
+    const comm_status_t s3 = comm_group_end();
+    for (comm_status_t s : {s1, s2, s3}) {
+      if (st == COMM_OK) st = s;
+    }
+    k.settle(st, "grouped send/recv to self", [&] {
+      report(k, "grouped send/recv to self", "data", check_copied(k.recv, count, COMM_INT32, COMM_SUM, 3, 0, 0));
+    });
+  });
+  CHECK(failures == "");
 }
 
 TEST_CASE("barrier: no rank leaves before every rank has entered", "[sweep]") {
