@@ -538,6 +538,8 @@ TEST_CASE("processes: random bytes sent to the store port and every listening po
   INFO("garbage connections: " << connections << " to ports " << ports << "(store port " << port << ")\n"
                                << describe_all(procs));
   CHECK(ended);
+  // The socket transport may close its listener once the mesh is up: then the store port is
+  // the only one the job listens on, and gets all the garbage.
   CHECK(connections > 10);
   for (int r = 0; r < n; ++r) {
     const std::string out = procs[r].output();
@@ -545,5 +547,4 @@ TEST_CASE("processes: random bytes sent to the store port and every listening po
     CHECK(procs[r].exited_zero());
     CHECK(line_after(out, "DONE ").value_or("missing") == "0");
   }
-  if (targets_seen.size() < 2) WARN("no listening port of the job besides the store port was found");
 }
