@@ -93,9 +93,9 @@ TEST_CASE("abort: comm_abort from another thread ends a pending allreduce whose 
   CHECK(again.status == abort1);  // idempotent
   INFO("comm_destroy after abort -> " << describe(destroy));
   CHECK(destroy.status == COMM_OK);
-  CHECK(destroy.ms < 250);
+  CHECK(destroy.ms < 1000);  // immediate: the configured timeout is 60 s
   INFO("rank 1: abort then destroy -> " << describe(destroy1));
-  CHECK(destroy1.ms < 250);
+  CHECK(destroy1.ms < 1000);
 }
 
 TEST_CASE("abort: a pending non-blocking request ends with COMM_ERR_ABORTED", "[abort][deadline]") {
@@ -143,7 +143,7 @@ TEST_CASE("abort: a peer's abort ends this rank's pending call with an error wit
   CHECK(seen[0].call.status == COMM_OK);
   CHECK(remote_or_timeout(seen[1].call.status));
   CHECK(seen[1].call.ms < kTimeout + 1000);
-  CHECK(seen[0].destroy.ms < 250);
+  CHECK(seen[0].destroy.ms < 1000);
   CHECK(seen[1].destroy.ms < kTimeout + 1000);
 }
 
