@@ -82,6 +82,18 @@ class Transport {
   // Progress without blocking; *done when the request completed (then it is released).
   virtual Status test(RequestId id, bool* done) = 0;
 
+  // Drive progress until at least one listed request has completed (collect it with test())
+  // or wake() was called since the last wait_some. Failures as wait(). The communicator's
+  // worker uses it to keep non-blocking sends/receives moving while new calls may arrive.
+  // Default, for transports that cannot block here: return at once (the caller polls).
+  virtual Status wait_some(const RequestId* ids, size_t n) {
+    (void)ids;
+    (void)n;
+    return Status::Ok();
+  }
+  // Any thread: makes a blocked wait_some() (or the next one) return at once.
+  virtual void wake() {}
+
   // Best effort, non-blocking: tell every peer this rank failed, so ranks waiting on
   // someone else still end promptly with the reason (INVALID_USAGE stays INVALID_USAGE).
   virtual void notify_peers(const Status& failure) = 0;

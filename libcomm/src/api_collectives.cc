@@ -30,7 +30,8 @@ const char* fn_name(CollKind k, bool nonblocking) {
   }
 }
 
-Status validate(comm_t c, const algo::CollArgs& a, int raw_dtype, int raw_op, const std::string& where) {
+Status validate(comm_t c, const algo::CollArgs& a, int raw_dtype, int raw_op, const std::string& where,
+                bool grouped) {
   if (!dtype_valid(raw_dtype))
     return InvalidArgument(where + "dtype " + std::to_string(raw_dtype) +
                            " is not a comm_dtype_t (valid: 0..9, COMM_FLOAT32..COMM_UINT64)");
@@ -44,9 +45,10 @@ Status validate(comm_t c, const algo::CollArgs& a, int raw_dtype, int raw_op, co
     if (a.peer < 0 || a.peer >= c->size)
       return InvalidArgument(where + "peer " + std::to_string(a.peer) + " is not a rank of this communicator (0.." +
                              std::to_string(c->size - 1) + ")");
-    if (a.peer == c->rank)
+    if (a.peer == c->rank && !grouped)
       return InvalidArgument(where + "peer " + std::to_string(a.peer) +
-                             " is this rank; sending to oneself is not supported, copy the buffer instead");
+                             " is this rank; outside comm_group_start/comm_group_end a send to oneself can "
+                             "never complete. Put the send and the receive in one group");
   }
   // Total elements a buffer of this call spans, to catch overflow before anything moves.
   size_t span = 1;
@@ -94,7 +96,7 @@ comm_status_t issue(comm_t c, algo::CollArgs a, int raw_dtype, int raw_op, comm_
     a.dtype = static_cast<comm_dtype_t>(raw_dtype);
     a.op = reduces(a.kind) ? static_cast<comm_op_t>(raw_op) : COMM_SUM;
     if (!dtype_valid(raw_dtype)) a.dtype = COMM_UINT8;  // keep validate's size arithmetic defined
-    COMM_RETURN_IF_ERROR(validate(c, a, raw_dtype, raw_op, where));
+    COMM_RETURN_IF_ERROR(validate(c, a, raw_dtype, raw_op, where, in_group() && !nonblocking));
     if (nonblocking) return enqueue(c, a, req);
     if (in_group()) {
       COMM_RETURN_IF_ERROR(check_usable(c));

@@ -1,5 +1,7 @@
 // Running calls in issue order: inline on the caller's thread when nothing is queued,
 // otherwise through the communicator's worker thread (non-blocking calls).
+#include <cstring>
+
 #include "communicator.h"
 #include "dtype.h"
 #include "log.h"
@@ -75,9 +77,25 @@ Status execute_p2p_batch(comm_t c, const std::vector<algo::CollArgs>& calls) {
   std::vector<transport::RequestId> ids;
   ids.reserve(calls.size());
   Status st;
+  // Sends to oneself (allowed inside a group, as in NCCL) pair with receives from oneself
+  // in issue order: a copy, no transport.
+  std::vector<const algo::CollArgs*> self_sends, self_recvs;
+  for (const auto& call : calls)
+    if (call.peer == c->rank) (call.sendbuf != nullptr ? self_sends : self_recvs).push_back(&call);
+  if (self_sends.size() != self_recvs.size())
+    return InvalidUsage(context(c, calls.front()) + std::to_string(self_sends.size()) + " send(s) to this rank but " +
+                        std::to_string(self_recvs.size()) + " receive(s) from it in one group; they must pair up");
+  for (size_t i = 0; i < self_sends.size(); ++i) {
+    size_t send_bytes = self_sends[i]->count * dtype_size(self_sends[i]->dtype);
+    size_t recv_bytes = self_recvs[i]->count * dtype_size(self_recvs[i]->dtype);
+    if (send_bytes != recv_bytes)
+      return InvalidUsage(context(c, *self_recvs[i]) + "send to self of " + std::to_string(send_bytes) +
+                          " bytes but receive from self of " + std::to_string(recv_bytes) + " bytes");
+    if (send_bytes > 0) std::memmove(self_recvs[i]->recvbuf, self_sends[i]->sendbuf, send_bytes);
+  }
   for (const auto& call : calls) {
     size_t bytes = call.count * dtype_size(call.dtype);
-    if (bytes == 0) continue;
+    if (bytes == 0 || call.peer == c->rank) continue;
     transport::RequestId id = 0;
     st = call.sendbuf != nullptr ? c->transport->isend(call.peer, call.tag, call.sendbuf, bytes, &id)
                                  : c->transport->irecv(call.peer, call.tag, call.recvbuf, bytes, &id);
@@ -91,37 +109,105 @@ Status execute_p2p_batch(comm_t c, const std::vector<algo::CollArgs>& calls) {
 
 Status run_blocking(comm_t c, algo::CollArgs args) {
   COMM_RETURN_IF_ERROR(check_usable(c));
-  stamp(c, &args);
+  bool worker_active;
   {
-    // Issue order: earlier non-blocking calls finish first (each is bounded by the timeout).
-    std::unique_lock<std::mutex> lock(c->queue_mu);
-    c->queue_cv.wait(lock, [&] { return c->queue.empty() && !c->worker_busy; });
+    std::lock_guard<std::mutex> lock(c->queue_mu);
+    worker_active = !c->queue.empty() || c->worker_busy;
   }
+  if (worker_active) {
+    // Issue order, and progress for the non-blocking sends/receives still in flight
+    // (isend; recv; wait must not deadlock): the worker runs this call after them.
+    comm_request_s* req = nullptr;
+    COMM_RETURN_IF_ERROR(enqueue(c, args, &req));
+    return wait_request(req);
+  }
+  stamp(c, &args);
   return execute(c, args);
 }
 
 namespace {
 
+void complete(comm_t c, comm_request_s* req, const Status& st) {
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> state(c->state_mu);
+    if (c->async_error.ok()) c->async_error = st;
+  }
+  std::lock_guard<std::mutex> lock(c->queue_mu);
+  req->status = st;
+  req->done = true;
+  c->queue_cv.notify_all();
+}
+
+// Non-blocking sends and receives are posted at once and left in flight, so that a later
+// call (the matching receive, a send the other way) is posted too before anyone waits.
+struct InFlight {
+  comm_request_s* req;
+  transport::RequestId id;
+};
+
+void post_p2p(comm_t c, comm_request_s* req, std::vector<InFlight>* inflight) {
+  const algo::CollArgs& a = req->args;
+  Status st = check_usable(c);
+  size_t bytes = a.count * dtype_size(a.dtype);
+  if (st.ok() && bytes == 0) return complete(c, req, st);
+  transport::RequestId id = 0;
+  if (st.ok())
+    st = a.sendbuf != nullptr ? c->transport->isend(a.peer, a.tag, a.sendbuf, bytes, &id)
+                              : c->transport->irecv(a.peer, a.tag, a.recvbuf, bytes, &id);
+  if (!st.ok()) return complete(c, req, record_failure(c, st.prefixed(context(c, a))));
+  inflight->push_back({req, id});
+}
+
+// Completes whatever has finished; on a failure, every request in flight fails with it.
+void collect(comm_t c, std::vector<InFlight>* inflight, Status st) {
+  for (size_t i = 0; i < inflight->size() && st.ok();) {
+    bool done = false;
+    st = c->transport->test((*inflight)[i].id, &done);
+    if (st.ok() && done) {
+      complete(c, (*inflight)[i].req, st);
+      inflight->erase(inflight->begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  if (st.ok()) return;
+  for (auto& f : *inflight) complete(c, f.req, record_failure(c, st.prefixed(context(c, f.req->args))));
+  inflight->clear();
+}
+
 void worker_loop(comm_t c) {
   log::set_thread_rank(c->rank);
+  std::vector<InFlight> inflight;
+  std::vector<transport::RequestId> ids;
   std::unique_lock<std::mutex> lock(c->queue_mu);
   for (;;) {
-    c->queue_cv.wait(lock, [&] { return !c->queue.empty() || c->worker_stop; });
-    if (c->queue.empty()) return;  // stop requested and drained
-    comm_request_s* req = c->queue.front();
-    c->queue.pop_front();
-    c->worker_busy = true;
-    lock.unlock();
-    Status st = execute(c, req->args);
-    if (!st.ok()) {
-      std::lock_guard<std::mutex> state(c->state_mu);
-      if (c->async_error.ok()) c->async_error = st;
+    if (c->queue.empty() && inflight.empty()) {
+      c->worker_busy = false;
+      c->queue_cv.notify_all();
+      c->queue_cv.wait(lock, [&] { return !c->queue.empty() || c->worker_stop; });
+      if (c->queue.empty()) return;  // stop requested and drained
     }
+    c->worker_busy = true;
+    if (!c->queue.empty()) {
+      comm_request_s* req = c->queue.front();
+      c->queue.pop_front();
+      lock.unlock();
+      if (req->args.kind == transport::CollKind::kSendRecv) {
+        post_p2p(c, req, &inflight);
+      } else {
+        // A collective's wait moves the in-flight sends/receives too (one transport).
+        complete(c, req, execute(c, req->args));
+      }
+      if (!inflight.empty()) collect(c, &inflight, Status::Ok());
+      lock.lock();
+      continue;
+    }
+    // Only sends/receives in flight: block until one finishes or a new call arrives.
+    lock.unlock();
+    ids.clear();
+    for (const auto& f : inflight) ids.push_back(f.id);
+    collect(c, &inflight, c->transport->wait_some(ids.data(), ids.size()));
     lock.lock();
-    req->status = st;
-    req->done = true;
-    c->worker_busy = false;
-    c->queue_cv.notify_all();
   }
 }
 
@@ -130,22 +216,25 @@ void worker_loop(comm_t c) {
 Status enqueue(comm_t c, algo::CollArgs args, comm_request_s** out) {
   COMM_RETURN_IF_ERROR(check_usable(c));
   stamp(c, &args);
-  std::lock_guard<std::mutex> lock(c->queue_mu);
-  comm_request_s* req;
-  if (!c->free_requests.empty()) {
-    req = c->free_requests.back();
-    c->free_requests.pop_back();
-  } else {
-    req = new comm_request_s;
+  {
+    std::lock_guard<std::mutex> lock(c->queue_mu);
+    comm_request_s* req;
+    if (!c->free_requests.empty()) {
+      req = c->free_requests.back();
+      c->free_requests.pop_back();
+    } else {
+      req = new comm_request_s;
+    }
+    req->comm = c;
+    req->args = args;
+    req->done = false;
+    req->status = Status::Ok();
+    c->queue.push_back(req);
+    if (!c->worker.joinable()) c->worker = std::thread(worker_loop, c);
+    c->queue_cv.notify_all();
+    *out = req;
   }
-  req->comm = c;
-  req->args = args;
-  req->done = false;
-  req->status = Status::Ok();
-  c->queue.push_back(req);
-  if (!c->worker.joinable()) c->worker = std::thread(worker_loop, c);
-  c->queue_cv.notify_all();
-  *out = req;
+  c->transport->wake();  // a worker blocked in wait_some picks the new call up
   return Status::Ok();
 }
 

@@ -35,6 +35,12 @@ Status SocketTransport::progress(int timeout_ms) {
     return SystemError(me() + ": poll() failed: " + errno_string(errno));
   }
   if (rc == 0) return Status::Ok();
+  if (pfds_[0].revents & POLLIN) {
+    // Drain wake()'s signal so the next poll blocks again (abort is also kept in aborted_).
+    uint64_t count = 0;
+    ssize_t ignored = ::read(wake_.get(), &count, sizeof count);
+    (void)ignored;
+  }
   for (size_t k = 1; k < pfds_.size(); ++k) {
     short re = pfds_[k].revents;
     if (re == 0) continue;

@@ -145,7 +145,19 @@ Status SocketTransport::check_peers(Request& r) {
   return Status::Ok();
 }
 
-Status SocketTransport::wait(const RequestId* ids, size_t n) {
+Status SocketTransport::wait(const RequestId* ids, size_t n) { return drive(ids, n, false); }
+
+Status SocketTransport::wait_some(const RequestId* ids, size_t n) { return drive(ids, n, true); }
+
+void SocketTransport::wake() {
+  woken_.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof one) < 0) {
+    // Only fails when the counter would overflow: it is already signalled.
+  }
+}
+
+Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
   COMM_RETURN_IF_ERROR(usable());
   if (n > 0 && ids == nullptr) return InvalidArgument("socket transport: null request id list");
   for (size_t i = 0; i < n; ++i) {
@@ -156,15 +168,19 @@ Status SocketTransport::wait(const RequestId* ids, size_t n) {
   Clock::time_point last_move = Clock::now();
   Clock::time_point spin_until = last_move + kSpin;
   for (;;) {
-    bool all_done = true;
+    bool all_done = true, some_done = false;
     for (size_t i = 0; i < n; ++i) {
       Request& r = pool_[ids[i] & (kPoolSize - 1)];
-      if (r.parts_left == 0) continue;
+      if (r.parts_left == 0) {
+        some_done = true;
+        continue;
+      }
       all_done = false;
       Status st = check_peers(r);
       if (!st.ok()) return fail(st);
     }
-    if (all_done) break;
+    if (all_done && !any) break;
+    if (any && (some_done || n == 0 || woken_.exchange(false, std::memory_order_acq_rel))) return Status::Ok();
     if (aborted_.load(std::memory_order_acquire)) return usable();
     Clock::time_point now = Clock::now();
     if (now - last_move >= timeout) return fail(Timeout(timeout_message(ids, n)));

@@ -46,12 +46,16 @@ class SocketTransport final : public Transport {
   }
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;
+  Status wait_some(const RequestId* ids, size_t n) override;
+  void wake() override;
   void notify_peers(const Status& failure) override;
 
   // Any thread: an atomic flag, and the eventfd wakes a wait blocked in poll().
   void abort() override;
 
  private:
+  // wait() (all listed) and wait_some() (any listed, or woken) share one loop.
+  Status drive(const RequestId* ids, size_t n, bool any);
   Status post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
   Status usable();
   Status fail(const Status& st) {
@@ -90,6 +94,7 @@ class SocketTransport final : public Transport {
   std::vector<size_t> pfd_conn_;
   Fd wake_;  // eventfd: abort() wakes a wait blocked in poll()
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> woken_{false};  // wake() since the last wait_some
   Status failed_;
   uint64_t moved_ = 0;  // bytes moved on any connection: "no progress" means this stood still
 };
