@@ -18,18 +18,6 @@ constexpr size_t kMaxPendingAccepts = 64;  // half-open strangers we keep before
 constexpr int kFirstBackoffMs = 10;
 constexpr int kMaxBackoffMs = 500;
 
-// Constant time in the content: a stranger learns nothing from how fast it is refused.
-bool secrets_equal(const char* got, size_t got_len, const std::string& want) {
-  size_t n = std::max(got_len, want.size());
-  unsigned diff = got_len != want.size() ? 1u : 0u;
-  for (size_t i = 0; i < n; ++i) {
-    unsigned a = i < got_len ? static_cast<unsigned char>(got[i]) : 0u;
-    unsigned b = i < want.size() ? static_cast<unsigned char>(want[i]) : 0u;
-    diff |= a ^ b;
-  }
-  return diff == 0;
-}
-
 enum class OutState { kWaitRetry, kConnecting, kSendHello, kAwaitReply, kDone };
 
 struct Outgoing {
@@ -247,7 +235,7 @@ Status MeshBuilder::on_incoming(Incoming& in) {
 
 Status MeshBuilder::validate(Incoming& in) {
   const Hello& h = in.hello;
-  if (!secrets_equal(in.secret.data(), in.secret.size(), c_.secret)) {
+  if (!posix::constant_time_equal(std::string_view(in.secret.data(), in.secret.size()), c_.secret)) {
     reply(in, ReplyCode::kBadSecret, 0);
     drop(in, "presented a wrong job secret (claimed rank " + std::to_string(h.rank) + ")");
     return Status::Ok();

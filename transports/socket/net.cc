@@ -11,30 +11,6 @@
 
 namespace comm::transport::sock {
 
-void Fd::reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
-std::string format_address(const sockaddr* addr, socklen_t len) {
-  char host[INET6_ADDRSTRLEN] = {};
-  if (addr->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
-    const auto* sin = reinterpret_cast<const sockaddr_in*>(addr);
-    inet_ntop(AF_INET, &sin->sin_addr, host, sizeof host);
-    return std::string(host) + ":" + std::to_string(ntohs(sin->sin_port));
-  }
-  if (addr->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
-    const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(addr);
-    inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof host);
-    std::string text = "[";
-    text.append(host);
-    text.append("]:");
-    text.append(std::to_string(ntohs(sin6->sin6_port)));
-    return text;
-  }
-  return "unknown";
-}
-
 Status parse_address(const std::string& text, SockAddr* out) {
   *out = SockAddr{};
   std::string host;

@@ -5,35 +5,13 @@
 
 #include <string>
 
+#include "posix/fd.h"
+#include "posix/net_util.h"
 #include "status.h"
 
 namespace comm::transport::sock {
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(other.release()) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) reset(other.release());
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
+using posix::Fd;
 
 struct SockAddr {
   sockaddr_storage storage{};
@@ -42,9 +20,8 @@ struct SockAddr {
   int family() const { return storage.ss_family; }
 };
 
-// "192.0.2.2:4242" or "[fd00::2]:4242".
-std::string format_address(const sockaddr* addr, socklen_t len);
-inline std::string format_address(const SockAddr& a) { return format_address(a.get(), a.len); }
+using posix::format_address;
+inline std::string format_address(const SockAddr& a) { return posix::format_address(a.get(), a.len); }
 Status parse_address(const std::string& text, SockAddr* out);
 
 // A non-blocking, CLOEXEC listening socket on a numeric host, port chosen by the kernel.

@@ -35,7 +35,7 @@ class Client final : public Store {
   // Connects once (with retry until timeout_ms), so an unreachable rank 0 or a refused
   // token is reported when the store is made, not at its first use.
   Status connect_first() {
-    UniqueFd fd;
+    posix::Fd fd;
     COMM_RETURN_IF_ERROR(connect(Deadline::after_ms(options_.timeout_ms), options_.timeout_ms, &fd));
     release(std::move(fd));
     return Status::Ok();
@@ -91,7 +91,7 @@ class Client final : public Store {
   }
 
   Status call(Op op, const std::string& key, const std::string& value, Deadline deadline, std::string* payload) {
-    UniqueFd fd = take_idle();
+    posix::Fd fd = take_idle();
     if (!fd.valid()) {
       Deadline limit = Deadline::after_ms(options_.timeout_ms);
       Status st = connect(deadline.at() < limit.at() ? deadline : limit, options_.timeout_ms, &fd);
@@ -137,21 +137,21 @@ class Client final : public Store {
     return Status::Ok();
   }
 
-  UniqueFd take_idle() {
+  posix::Fd take_idle() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (idle_.empty()) return UniqueFd();
-    UniqueFd fd = std::move(idle_.back());
+    if (idle_.empty()) return posix::Fd();
+    posix::Fd fd = std::move(idle_.back());
     idle_.pop_back();
     return fd;
   }
 
-  void release(UniqueFd fd) {
+  void release(posix::Fd fd) {
     std::lock_guard<std::mutex> lock(mu_);
     if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(fd));
   }
 
   // Retries with exponential backoff until the deadline: rank 0 may start after us.
-  Status connect(Deadline deadline, int timeout_ms, UniqueFd* out) {
+  Status connect(Deadline deadline, int timeout_ms, posix::Fd* out) {
     int backoff_ms = kFirstBackoffMs;
     std::string last_error = "no attempt finished";
     for (;;) {
@@ -171,7 +171,7 @@ class Client final : public Store {
   }
 
   // One attempt over every address the host resolves to. *final: retrying cannot help.
-  Status connect_once(Deadline deadline, UniqueFd* out, bool* final) {
+  Status connect_once(Deadline deadline, posix::Fd* out, bool* final) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -182,7 +182,7 @@ class Client final : public Store {
     if (rc != 0) return SystemError("cannot resolve '" + options_.host + "': " + gai_strerror(rc));
     Status last = SystemError("'" + options_.host + "' resolved to no address");
     for (addrinfo* ai = found; ai != nullptr && !deadline.expired(); ai = ai->ai_next) {
-      UniqueFd fd;
+      posix::Fd fd;
       last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd);
       if (!last.ok()) continue;
       last = handshake(fd.get(), deadline, final);
@@ -196,8 +196,8 @@ class Client final : public Store {
     return last;
   }
 
-  static Status connect_address(const sockaddr* sa, socklen_t len, Deadline deadline, UniqueFd* out) {
-    UniqueFd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  static Status connect_address(const sockaddr* sa, socklen_t len, Deadline deadline, posix::Fd* out) {
+    posix::Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) return SystemError("socket: " + errno_string(errno));
     if (::connect(fd.get(), sa, len) != 0) {
       if (errno != EINPROGRESS && errno != EINTR) return SystemError("connect: " + errno_string(errno));
@@ -256,7 +256,7 @@ class Client final : public Store {
   const TcpStoreOptions options_;
   const std::string where_;
   std::mutex mu_;
-  std::vector<UniqueFd> idle_;
+  std::vector<posix::Fd> idle_;
 };
 
 }  // namespace

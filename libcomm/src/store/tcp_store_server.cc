@@ -33,7 +33,7 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kReadBudgetPerWake = size_t{4} << 20;  // fairness between busy clients
 
 struct Conn {
-  UniqueFd fd;
+  posix::Fd fd;
   std::string peer;
   std::string in;  // received, not yet handled (from in_done on)
   size_t in_done = 0;
@@ -59,7 +59,7 @@ bool parse_int64(const std::string& text, int64_t* out) {
 
 class Server final : public Store {
  public:
-  Server(UniqueFd listen_fd, UniqueFd wake_fd, int port, std::string where, std::string token)
+  Server(posix::Fd listen_fd, posix::Fd wake_fd, int port, std::string where, std::string token)
       : listen_fd_(std::move(listen_fd)),
         wake_fd_(std::move(wake_fd)),
         port_(port),
@@ -216,7 +216,7 @@ class Server final : public Store {
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       auto c = std::make_unique<Conn>();
       c->fd.reset(fd);
-      c->peer = address_string(reinterpret_cast<sockaddr*>(&addr), len);
+      c->peer = posix::format_address(reinterpret_cast<sockaddr*>(&addr), len);
       COMM_TRACE(kStore, "store server %s: connection from %s", where_.c_str(), c->peer.c_str());
       conns_.push_back(std::move(c));
     }
@@ -354,7 +354,7 @@ class Server final : public Store {
       c.dead = true;
       return;
     }
-    if (!token_.empty() && !constant_time_equal(token, token_)) {
+    if (!token_.empty() && !posix::constant_time_equal(token, token_)) {
       COMM_WARN(kStore,
                 "store server %s: refused connection from %s: it did not present this job's COMM_AUTH_TOKEN",
                 where_.c_str(), c.peer.c_str());
@@ -389,8 +389,8 @@ class Server final : public Store {
   std::condition_variable cv_;
   std::unordered_map<std::string, std::string> data_;
 
-  UniqueFd listen_fd_;
-  UniqueFd wake_fd_;
+  posix::Fd listen_fd_;
+  posix::Fd wake_fd_;
   const int port_;
   const std::string where_;
   const std::string token_;
@@ -405,8 +405,8 @@ class Server final : public Store {
 };
 
 // Returns 0 or the errno of the step that failed.
-int bind_and_listen(const sockaddr* sa, socklen_t len, bool dual_stack, UniqueFd* out) {
-  UniqueFd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+int bind_and_listen(const sockaddr* sa, socklen_t len, bool dual_stack, posix::Fd* out) {
+  posix::Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return errno;
   int one = 1;
   if (setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) return errno;
@@ -420,7 +420,7 @@ int bind_and_listen(const sockaddr* sa, socklen_t len, bool dual_stack, UniqueFd
   return 0;
 }
 
-int bind_wildcard(int family, int port, UniqueFd* out, std::string* bound_host) {
+int bind_wildcard(int family, int port, posix::Fd* out, std::string* bound_host) {
   if (family == AF_INET6) {
     sockaddr_in6 a{};
     a.sin6_family = AF_INET6;
@@ -444,7 +444,7 @@ Status start_server(const TcpStoreOptions& options, std::shared_ptr<Store>* out)
     return InvalidArgument("store port " + std::to_string(options.port) + " is not in 0..65535");
   const std::string& host = options.host;
   std::string bound_host = host;
-  UniqueFd fd;
+  posix::Fd fd;
   int err = 0;
   if (host.empty()) {
     err = bind_wildcard(AF_INET6, options.port, &fd, &bound_host);
@@ -493,7 +493,7 @@ Status start_server(const TcpStoreOptions& options, std::shared_ptr<Store>* out)
                                          : ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
   where = host_port_string(bound_host, port);
 
-  UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  posix::Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return SystemError("store: eventfd: " + errno_string(errno));
   auto server = std::make_shared<Server>(std::move(fd), std::move(wake), port, where, options.auth_token);
   COMM_RETURN_IF_ERROR(server->start_thread());

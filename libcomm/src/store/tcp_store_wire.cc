@@ -86,26 +86,6 @@ std::string check_request_header(const char* p, RequestHeader* out) {
   return "";
 }
 
-bool constant_time_equal(std::string_view a, std::string_view b) {
-  size_t n = a.size() > b.size() ? a.size() : b.size();
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = static_cast<unsigned char>(diff | (x ^ y));
-  }
-  return diff == 0;
-}
-
-std::string address_string(const sockaddr* sa, socklen_t len) {
-  char host[NI_MAXHOST];
-  char serv[NI_MAXSERV];
-  if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return "(unknown peer)";
-  if (sa->sa_family == AF_INET6) return std::string("[") + host + "]:" + serv;
-  return std::string(host) + ":" + serv;
-}
-
 std::string host_port_string(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);

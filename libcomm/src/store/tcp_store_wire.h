@@ -21,6 +21,8 @@
 #include <string_view>
 
 #include "deadline.h"
+#include "posix/fd.h"
+#include "posix/net_util.h"
 #include "status.h"
 #include "store/store.h"
 
@@ -54,42 +56,8 @@ std::string encode_response(Reply reply, std::string_view payload);
 // otherwise why it is not (for the log line that goes with dropping the connection).
 std::string check_request_header(const char* p, RequestHeader* out);
 
-// Constant-time comparison: the time taken does not depend on where the tokens differ.
-bool constant_time_equal(std::string_view a, std::string_view b);
-
-// "1.2.3.4:5" or "[::1]:5".
-std::string address_string(const sockaddr* sa, socklen_t len);
 // "host:port", with brackets around an IPv6 literal.
 std::string host_port_string(const std::string& host, int port);
-
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) reset(o.release());
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // Blocking-with-deadline I/O on a non-blocking socket (client side).
 enum class Io { kOk, kTimeout, kClosed, kError };
