@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "store/int_value.h"
 #include "store/store.h"
 
 namespace comm {
@@ -86,16 +87,6 @@ Status read_file(const std::string& path, std::string* value, bool* found) {
   ::close(fd);
   *value = std::move(text);
   return Status::Ok();
-}
-
-bool parse_int64(const std::string& text, int64_t* out) {
-  if (text.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end != text.c_str() + text.size()) return false;
-  *out = v;
-  return true;
 }
 
 class FileStore final : public Store {

@@ -66,16 +66,6 @@ class Client final : public Store {
   }
 
  private:
-  static Status check_sizes(const std::string& key, size_t value_size) {
-    if (key.size() > kMaxKeyBytes)
-      return InvalidArgument("store key of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
-                             std::to_string(kMaxKeyBytes));
-    if (value_size > kMaxValueBytes)
-      return InvalidArgument("store value of " + std::to_string(value_size) + " bytes exceeds the limit of " +
-                             std::to_string(kMaxValueBytes));
-    return Status::Ok();
-  }
-
   static const char* op_name(Op op) {
     switch (op) {
       case Op::kSet: return "set";

@@ -25,6 +25,7 @@
 
 #include "log.h"
 #include "store/tcp_store_wire.h"
+#include "store/int_value.h"
 
 namespace comm::tcp_store {
 namespace {
@@ -46,16 +47,6 @@ struct Conn {
 
   bool pending_out() const { return out_done < out.size(); }
 };
-
-bool parse_int64(const std::string& text, int64_t* out) {
-  if (text.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end != text.c_str() + text.size()) return false;
-  *out = v;
-  return true;
-}
 
 class Server final : public Store {
  public:
@@ -109,17 +100,6 @@ class Server final : public Store {
   }
 
  private:
-  // The same limits as for remote clients, so a key works the same on every rank.
-  static Status check_sizes(const std::string& key, size_t value_size) {
-    if (key.size() > kMaxKeyBytes)
-      return InvalidArgument("store key of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
-                             std::to_string(kMaxKeyBytes));
-    if (value_size > kMaxValueBytes)
-      return InvalidArgument("store value of " + std::to_string(value_size) + " bytes exceeds the limit of " +
-                             std::to_string(kMaxValueBytes));
-    return Status::Ok();
-  }
-
   void store_value(const std::string& key, const std::string& value) {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -86,6 +86,16 @@ std::string check_request_header(const char* p, RequestHeader* out) {
   return "";
 }
 
+Status check_sizes(const std::string& key, size_t value_size) {
+  if (key.size() > kMaxKeyBytes)
+    return InvalidArgument("store key of " + std::to_string(key.size()) + " bytes exceeds the limit of " +
+                           std::to_string(kMaxKeyBytes));
+  if (value_size > kMaxValueBytes)
+    return InvalidArgument("store value of " + std::to_string(value_size) + " bytes exceeds the limit of " +
+                           std::to_string(kMaxValueBytes));
+  return Status::Ok();
+}
+
 std::string host_port_string(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);

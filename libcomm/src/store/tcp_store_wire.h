@@ -56,6 +56,9 @@ std::string encode_response(Reply reply, std::string_view payload);
 // otherwise why it is not (for the log line that goes with dropping the connection).
 std::string check_request_header(const char* p, RequestHeader* out);
 
+// Key and value limits, the same for the server, its clients and rank 0 itself.
+Status check_sizes(const std::string& key, size_t value_size);
+
 // "host:port", with brackets around an IPv6 literal.
 std::string host_port_string(const std::string& host, int port);
 
