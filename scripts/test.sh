@@ -19,7 +19,10 @@ meson test -C "$BUILD_DIR" --print-errorlogs || failed+=("tests in $BUILD_DIR/")
 
 if [[ "${SKIP_ASAN:-0}" != 1 ]]; then
   # ASan makes every large buffer a fresh first touch: this tier runs the unit tests only.
-  build_in "$ASAN_BUILD_DIR" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+  # werror=false here only: GCC 12 with -fsanitize reports false -Wmaybe-uninitialized in
+  # libstdc++ (<regex>, via catch.hpp); the main build above keeps warnings as errors.
+  build_in "$ASAN_BUILD_DIR" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized \
+    -Dwerror=false
   spec=${COMM_ASAN_TESTS-"~[slow]"}
   step "sanitizer tier: meson test -C $ASAN_BUILD_DIR unit (Catch2 spec: '${spec}')"
   args=(-C "$ASAN_BUILD_DIR" --print-errorlogs --timeout-multiplier 3)
