@@ -28,6 +28,14 @@ const std::vector<Param>& all() {
       {"COMM_CHUNK_BYTES", Type::kInt, "524288", "pipelining chunk of the ring algorithms", nullptr},
       {"COMM_SMALL_MSG_BYTES", Type::kInt, "65536",
        "all-reduce up to this size uses the latency algorithm (recursive doubling)", nullptr},
+      // topology probe and path policy (topology/)
+      {"COMM_TOPO_XML", Type::kString, "",
+       "read GPUs, NICs and PCI placement from this file (hwloc XML or NCCL topology XML) instead of hwloc", nullptr},
+      {"COMM_CROSS_ZONE", Type::kInt, "0",
+       "1: ranks span zones or long-haul links, so NCCL_IB_TIMEOUT defaults to 23 instead of 20", nullptr},
+      {"COMM_LONG_HAUL_RTT_US", Type::kInt, "1000",
+       "a round trip to the rendezvous store over this (us) counts as long-haul (NCCL_IB_TIMEOUT 23 on that rank)",
+       nullptr},
       // launchers
       {"MASTER_ADDR", Type::kString, "", "torchrun: rank 0's address (the store)", nullptr},
       {"MASTER_PORT", Type::kString, "", "torchrun: the store's port", nullptr},
@@ -52,6 +60,10 @@ const std::vector<Param>& all() {
        nullptr},
       {"NCCL_IB_TIMEOUT", Type::kString, "", "NCCL: IB timeout, 4.096us x 2^n", nullptr},
       {"NCCL_IB_HCA", Type::kString, "", "NCCL: IB HCAs to use", nullptr},
+      {"NCCL_IB_RETRY_CNT", Type::kString, "", "NCCL: IB retry count (0-7); the plan sets 7 with NCCL_IB_TIMEOUT",
+       nullptr},
+      {"NCCL_TOPO_FILE", Type::kString, "",
+       "NCCL: topology XML; libcomm reads GPU/HCA placement from it too when COMM_TOPO_XML is unset", nullptr},
       {"NCCL_DEBUG", Type::kString, "", "NCCL: log level", nullptr},
   };
   return table;

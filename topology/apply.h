@@ -1,0 +1,24 @@
+// Applying the plan's NCCL_* settings to this process's environment. NCCL reads its environment
+// once, at its first initialisation, so this runs before that (from comm_init). None of these
+// settings has an ncclConfig_t field (NCCL 2.18-2.21), so the environment is the only way in.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "topology/policy.h"
+
+namespace comm::topology {
+
+struct Applied {
+  std::string name;
+  std::string value;  // the value in the environment afterwards
+  bool set_by_libcomm = false;
+  std::string reason;
+};
+
+// Sets each setting the user has not set (never overwriting one), logging each with its reason
+// at COMM_DEBUG=INFO (subsystem ENV). Returns what the environment holds for each afterwards.
+std::vector<Applied> apply_nccl_settings(const Plan& plan);
+
+}  // namespace comm::topology

@@ -1,0 +1,146 @@
+// RDMA devices and their ports from libibverbs: the link layer (InfiniBand vs Ethernet = RoCE),
+// port state, active speed and width. Only probing; the IB data path is NCCL's and UCX's.
+// Devices hwloc already found are completed by name (or PCI function); others are added.
+#include <dirent.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+
+#include "topology/probe.h"
+#include "topology/topology_config.h"
+
+#if COMM_HAVE_IBVERBS
+#include <infiniband/verbs.h>
+#endif
+
+namespace comm::topology {
+
+#if COMM_HAVE_IBVERBS
+namespace {
+
+// Gb/s per lane, by ibv_port_attr.active_speed (rdma-core's encoding).
+double lane_gbps(unsigned speed) {
+  switch (speed) {
+    case 1: return 2.5;
+    case 2: return 5.0;
+    case 4: return 10.0;
+    case 8: return 10.3125;  // FDR10
+    case 16: return 14.0625;
+    case 32: return 25.78125;
+    case 64: return 53.125;
+    case 128: return 106.25;
+    case 256: return 212.5;
+    default: return 0;
+  }
+}
+
+int lanes(unsigned width) {
+  switch (width) {
+    case 1: return 1;
+    case 2: return 4;
+    case 4: return 8;
+    case 8: return 12;
+    case 16: return 2;
+    default: return 0;
+  }
+}
+
+const char* port_state(ibv_port_state s) {
+  switch (s) {
+    case IBV_PORT_DOWN: return "DOWN";
+    case IBV_PORT_INIT: return "INIT";
+    case IBV_PORT_ARMED: return "ARMED";
+    case IBV_PORT_ACTIVE: return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+    default: return "NOP";
+  }
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+}  // namespace
+
+void probe_ibverbs(Topology* topo) {
+  int count = 0;
+  ibv_device** list = ibv_get_device_list(&count);
+  if (list == nullptr || count == 0) {
+    topo->notes.push_back("libibverbs: no RDMA devices");
+    if (list) ibv_free_device_list(list);
+    return;
+  }
+  for (int i = 0; i < count; ++i) {
+    const std::string name = ibv_get_device_name(list[i]);
+    const std::string sys = std::string("/sys/class/infiniband/") + name;
+    const std::string busid = sysfs_pci_busid(sys + "/device");
+    auto it = std::find_if(topo->hcas.begin(), topo->hcas.end(), [&](const Hca& h) {
+      return h.name == name || (h.name.empty() && !busid.empty() && h.busid == busid);
+    });
+    if (it == topo->hcas.end()) {
+      Hca fresh;
+      fresh.busid = busid;
+      std::string numa = read_line(sys + "/device/numa_node");
+      if (!numa.empty() && std::atoi(numa.c_str()) >= 0) fresh.where.numa = std::atoi(numa.c_str());
+      if (DIR* d = opendir((sys + "/device/net").c_str())) {
+        while (dirent* e = readdir(d))
+          if (e->d_name[0] != '.') fresh.netdevs.push_back(e->d_name);
+        closedir(d);
+      }
+      topo->hcas.push_back(fresh);
+      it = topo->hcas.end() - 1;
+    }
+    it->name = name;
+    ibv_context* ctx = ibv_open_device(list[i]);
+    if (ctx == nullptr) {
+      topo->notes.push_back("libibverbs: cannot open " + name + " (" + errno_string(errno) + "); ports unknown");
+      continue;
+    }
+    ibv_device_attr attr{};
+    if (ibv_query_device(ctx, &attr) == 0) {
+      it->ports.clear();
+      std::string layers;
+      for (int p = 1; p <= attr.phys_port_cnt; ++p) {
+        ibv_port_attr pa{};
+        if (ibv_query_port(ctx, static_cast<uint8_t>(p), &pa) != 0) continue;
+        RdmaPort port;
+        port.number = p;
+        port.state = port_state(pa.state);
+        port.link_layer = pa.link_layer == IBV_LINK_LAYER_INFINIBAND ? "InfiniBand"
+                          : pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet"
+                                                                     : "unspecified";
+        port.gbps = lane_gbps(pa.active_speed) * lanes(pa.active_width);
+        it->ports.push_back(port);
+        if (layers.empty()) layers = port.link_layer;
+      }
+      if (attr.vendor_id == 0x1d0f || list[i]->transport_type == IBV_TRANSPORT_UNSPECIFIED) {
+        it->kind = RdmaKind::kEfa;
+        it->kind_reason = "libibverbs: vendor 0x1d0f / transport unspecified: AWS EFA (SRD), not InfiniBand";
+      } else if (list[i]->transport_type == IBV_TRANSPORT_IWARP) {
+        it->kind = RdmaKind::kIwarp;
+        it->kind_reason = "libibverbs: transport iWARP, not InfiniBand";
+      } else if (layers == "InfiniBand") {
+        it->kind = RdmaKind::kInfiniBand;
+        it->kind_reason = "libibverbs: port link layer InfiniBand";
+      } else if (layers == "Ethernet") {
+        it->kind = RdmaKind::kRoce;
+        it->kind_reason = "libibverbs: port link layer Ethernet (RoCE)";
+      }
+    }
+    ibv_close_device(ctx);
+  }
+  ibv_free_device_list(list);
+}
+
+#else
+
+void probe_ibverbs(Topology* topo) { topo->notes.push_back("libibverbs: not in this build (RDMA ports unknown)"); }
+
+#endif
+
+}  // namespace comm::topology
