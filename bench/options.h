@@ -1,0 +1,47 @@
+// comm-bench's command line: nccl-tests' flags plus libcomm's, in one struct.
+#pragma once
+
+#include <comm/comm.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+struct Collective;
+
+// How the per-rank times of one size become the reported time (nccl-tests' -a).
+enum class Average { kRank0 = 0, kMean = 1, kMin = 2, kMax = 3 };
+
+struct Options {
+  const Collective* coll = nullptr;  // --op-name, or the program's name (all_reduce_perf, ...)
+  size_t min_bytes = 32 << 20;       // nccl-tests' defaults
+  size_t max_bytes = 32 << 20;
+  size_t step_bytes = 1 << 20;
+  size_t step_factor = 1;
+  int iters = 20;
+  int warmup_iters = 5;
+  int check = 1;  // checked runs per size (0: none)
+  std::vector<comm_dtype_t> dtypes = {COMM_FLOAT32};
+  std::vector<comm_op_t> ops = {COMM_SUM};
+  int root = 0;
+  bool blocking = false;  // -z 1: each call returns before the next is issued
+  Average average = Average::kMax;
+  bool registered = false;  // -R 1: buffers from the library's own allocator (comm_mem_alloc)
+  std::string transport;    // "" : the library's default
+  std::string algo;         // "" : the library's choice
+  std::string json_path;
+  std::string csv_path;
+  std::string label;        // names this run in JSON/CSV and plots (default: library/transport/algo)
+  std::vector<std::string> argv;  // as given, for the JSON record
+};
+
+// Parses argv. Returns -1 to go on, otherwise the exit status for main (help printed, or an
+// error said on stderr). `library` names the program in messages ("comm-bench", ...).
+int parse_options(int argc, char** argv, const char* library, Options* opt);
+
+// "8", "1K", "64M", "1G" (binary units, as nccl-tests); a trailing 'B' is allowed.
+bool parse_size(const char* text, size_t* out);
+
+}  // namespace bench
