@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""libcomm beside its peers: the same sizes on the same ranks, run alternately, per-size ratios.
+
+  bench/compare.py --np 2 --peers mpi,gloo -- -b 1K -e 64M -f 4
+  sudo bench/compare.py --netsim "--hosts 4 --rate 2gbit" --peers gloo --rounds 3 -- -b 64M -e 64M -n 5 -w 2
+
+Every round runs libcomm (comm-bench), then each peer variant (comm-bench-gloo --algo A for each
+Gloo algorithm, comm-bench-mpi), so that slow drifts of a shared machine hit all of them alike;
+the summary is the median busbw per size over the rounds, and libcomm's ratio to each peer and
+to the best Gloo algorithm (> 1: libcomm is faster). Logs and JSON of every run go to --out.
+Ranks are local (comm-run; mpirun for MPI) or, with --netsim, one per simulated host.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import nccl_log  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+
+
+def variants(args, build):
+    out = [("libcomm", os.path.join(build, "bench", "comm-bench"), [])]
+    for algo in filter(None, args.libcomm_algos.split(",")):
+        out.append((f"libcomm {algo}", os.path.join(build, "bench", "comm-bench"), ["--algo", algo]))
+    for peer in filter(None, args.peers.split(",")):
+        if peer == "gloo":
+            for algo in args.gloo_algos.split(","):
+                out.append((f"gloo {algo}", os.path.join(build, "bench", "comm-bench-gloo"), ["--algo", algo]))
+        elif peer == "mpi":
+            out.append(("mpi", os.path.join(build, "bench", "comm-bench-mpi"), []))
+        else:
+            sys.exit(f"compare.py: unknown peer '{peer}' (mpi, gloo)")
+    for name, prog, _ in out:
+        if not os.path.exists(prog):
+            sys.exit(f"compare.py: {prog} is not built ({name}); apt-get install libgloo-dev libopenmpi-dev "
+                     f"openmpi-bin, then meson setup --reconfigure and ninja")
+    return out
+
+
+def command(args, build, name, prog, extra, json_path):
+    bench = [prog, *extra, *args.bench_args, "--json", json_path, "--label", name]
+    if args.netsim is not None:
+        if name == "mpi":
+            sys.exit("compare.py: MPI under --netsim is not supported (mpirun launches its own ranks); drop mpi")
+        return [os.path.join(ROOT, "tools", "netsim", "netsim"), *args.netsim.split(), "--", *bench]
+    if name == "mpi":
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.np), *bench]
+    return [os.path.join(build, "tools", "comm-run", "comm-run"), "-n", str(args.np), "--quiet-prefix", "--", *bench]
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--np", type=int, default=2, help="local ranks (ignored with --netsim: one per host)")
+    ap.add_argument("--peers", default="mpi,gloo", help="comma list: mpi, gloo (default both)")
+    ap.add_argument("--gloo-algos", default="ring,ring_chunked,halving_doubling")
+    ap.add_argument("--libcomm-algos", default="", help="also run libcomm with these COMM_ALGO values")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--netsim", default=None, metavar="ARGS", help='run on simulated hosts: netsim ARGS, e.g. "--hosts 4 --rate 2gbit"')
+    ap.add_argument("--build", default=os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--out", default=None, help="folder for logs and JSON (default bench/results/compare-<time>)")
+    ap.add_argument("--out-of-place", action="store_true",
+                    help="compare out-of-place busbw (default in place: Gloo's algorithms are in place only, its "
+                         "out-of-place time includes a copy)")
+    ap.add_argument("bench_args", nargs="*", help="comm-bench arguments, after --")
+    args = ap.parse_args(argv)
+    build = os.path.abspath(args.build)
+    out_dir = args.out or os.path.join(HERE, "results", time.strftime("compare-%Y%m%d-%H%M%S"))
+    os.makedirs(out_dir, exist_ok=True)
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+
+    runs = variants(args, build)
+    place = "out_of_place" if args.out_of_place else "in_place"
+    busbw = {}  # name -> size -> [busbw out of place]
+    for rnd in range(1, args.rounds + 1):
+        for name, prog, extra in runs:
+            stem = os.path.join(out_dir, f"{name.replace(' ', '_')}.round{rnd}")
+            cmd = command(args, build, name, prog, extra, stem + ".json")
+            print(f"# round {rnd}/{args.rounds}: {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            with open(stem + ".log", "w") as f:
+                f.write(done.stdout)
+            if done.returncode != 0:
+                sys.stderr.write(done.stdout[-3000:])
+                sys.exit(f"compare.py: {name} failed (status {done.returncode}); log in {stem}.log")
+            # The table has two decimals; its JSON twin has them all.
+            with open(stem + ".json") as f:
+                rows = json.load(f)["rows"]
+            if len(rows) != len(nccl_log.parse(done.stdout, strict=False)["rows"]):
+                sys.exit(f"compare.py: {name}: the table and {stem}.json disagree")
+            for row in rows:
+                busbw.setdefault(name, {}).setdefault(row["size"], []).append(row[place]["busbw"])
+
+    names = [n for n, _, _ in runs]
+    gloo = [n for n in names if n.startswith("gloo")]
+    sizes = sorted(busbw.get("libcomm", {}))
+    med = {n: {s: statistics.median(v) for s, v in busbw.get(n, {}).items()} for n in names}
+    summary = {"bench_args": args.bench_args, "rounds": args.rounds, "netsim": args.netsim,
+               "np": None if args.netsim else args.np, "sizes": []}
+    peer_cols = [n for n in names if n != "libcomm"] + (["best gloo"] if gloo else [])
+    summary["place"] = place
+    width = {n: max(len(n) + 2, 10) for n in names + peer_cols}
+    print(f"# busbw (GB/s, {place.replace('_', ' ')}), median of {args.rounds} alternating rounds")
+    print("#" + f"{'size (B)':>11}" + "".join(f"{n:>{width[n]}}" for n in names))
+    for s in sizes:
+        print(f"{s:>12}" + "".join(f"{med[n].get(s, float('nan')):>{width[n]}.4f}" for n in names))
+    print("# libcomm's busbw / the peer's (> 1: libcomm is faster)")
+    print("#" + f"{'size (B)':>11}" + "".join(f"{n:>{width[n]}}" for n in peer_cols))
+    for s in sizes:
+        entry = {"size": s, "busbw": {n: med[n].get(s) for n in names}, "ratio": {}}
+        line = f"{s:>12}"
+        for n in peer_cols:
+            peer = max(med[g].get(s, 0) for g in gloo) if n == "best gloo" else med[n].get(s, 0)
+            ratio = med["libcomm"][s] / peer if peer else float("nan")
+            entry["ratio"][n] = ratio
+            line += f"{ratio:>{width[n]}.3f}"
+        summary["sizes"].append(entry)
+        print(line)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"# logs, JSON and summary.json in {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
