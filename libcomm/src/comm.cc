@@ -14,6 +14,7 @@
 #include "log.h"
 #include "params.h"
 #include "rendezvous.h"
+#include "topology/process.h"
 #include "transports/socket/socket_transport.h"
 
 namespace comm {
@@ -116,6 +117,7 @@ Fingerprint fingerprint(int world_size, const CommSettings& s) {
       {"timeout (COMM_TIMEOUT_MS / comm_config_t.timeout_ms)", std::to_string(s.timeout_ms)},
       {"tuning profile hash (COMM_TUNING_FILE)", s.tuning_hash},
       {"ABI version", std::to_string(COMM_ABI_VERSION_MAJOR) + "." + std::to_string(COMM_ABI_VERSION_MINOR)},
+      {"host transport per peer class (topology plan)", topology::peer_transport_digest()},
   };
 }
 
@@ -270,6 +272,7 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   std::string token;
   COMM_RETURN_IF_ERROR(params::get_string("COMM_AUTH_TOKEN", &token));
   COMM_RETURN_IF_ERROR(open_store(id, c->settings.timeout_ms, token, &c->job_store));
+  topology::prepare_process(c->job_store.get());  // once per process: plan, NCCL_* env; never fails
   COMM_RETURN_IF_ERROR(agree(*c->job_store, c->rank, c->size, c->settings, &c->secret, &c->all_local));
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
