@@ -114,10 +114,10 @@ TEST_CASE("NCCL_SOCKET_IFNAME forms select through the plan: prefix, ^, =, ^=", 
   topo::Topology t = busy_host();
   CHECK(pick(t, "") == std::vector<std::string>{"eth0", "eth10", "veth1"});  // physical before virtual
   CHECK(pick(t, "eth") == std::vector<std::string>{"eth0", "eth10"});
-  CHECK(pick(t, "^eth") == std::vector<std::string>{"lo", "docker0", "veth1"});
+  CHECK(pick(t, "^eth") == std::vector<std::string>{"docker0", "veth1", "lo"});  // loopback last
   CHECK(pick(t, "=eth10") == std::vector<std::string>{"eth10"});
   CHECK(pick(t, "=eth1").empty());  // exact: eth10 is not eth1
-  CHECK(pick(t, "^=eth0") == std::vector<std::string>{"eth10", "lo", "docker0", "veth1"});
+  CHECK(pick(t, "^=eth0") == std::vector<std::string>{"eth10", "docker0", "veth1", "lo"});
   topo::Env env;
   env.nccl_socket_ifname = "=eth1";
   topo::Plan p = topo::make_plan(t, env, topo::Config{});

@@ -239,8 +239,10 @@ class Planner {
       for (const auto& itf : topo_.interfaces)
         if (itf.name == c.name && std::find(picked.begin(), picked.end(), &itf) == picked.end()) picked.push_back(&itf);
     Anchor anchor = anchor_for(topo_, config_);
+    // Physical, then virtual, then loopback (which never reaches another host); nearest first.
+    auto tier = [](const NetInterface* i) { return i->kind == "loopback" ? 2 : i->physical ? 0 : 1; };
     std::stable_sort(picked.begin(), picked.end(), [&](const NetInterface* a, const NetInterface* b) {
-      if (a->physical != b->physical) return a->physical;
+      if (tier(a) != tier(b)) return tier(a) < tier(b);
       return rank_of(path_between(a->where, anchor.where)) < rank_of(path_between(b->where, anchor.where));
     });
     for (const NetInterface* itf : picked) {
@@ -252,7 +254,7 @@ class Planner {
       if (picked.size() == 1 && !itf->physical) text += "; the only candidate, so used although virtual";
       plan_.interfaces.push_back({itf->name, text});
     }
-    plan_.interface_rule = why + "; among those, physical before virtual" +
+    plan_.interface_rule = why + "; among those, physical before virtual before loopback" +
                            (anchor.name.empty() ? std::string() : ", nearest to " + anchor.name + " first");
     std::vector<std::string> names;
     for (const auto& c : plan_.interfaces) names.push_back(c.name);
