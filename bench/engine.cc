@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,21 @@ std::string cpu_list() {
     c = last;
   }
   return out;
+}
+
+// What tells hosts apart (DESIGN.md): boot id and network namespace, so that simulated hosts
+// (netsim's namespaces) count as hosts.
+std::string host_identity() {
+  std::string boot = "?";
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char text[64] = "";
+    if (std::fgets(text, sizeof text, f) != nullptr) boot.assign(text, strnlen(text, 8));
+    std::fclose(f);
+  }
+  char ns[64] = "?";
+  const ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+  ns[n > 0 ? n : 1] = '\0';
+  return "boot " + boot + " " + ns;
 }
 
 std::string format_time(double us) {  // nccl-tests' precision steps
@@ -159,13 +175,22 @@ bool Engine::print_header() {
   char host[64] = "?";
   gethostname(host, sizeof host - 1);
   std::vector<char> mine(kLine, '\0');
-  std::snprintf(mine.data(), kLine, "#  Rank %2d Group  0 Pid %6d on %10s device host cpus %s", rank_,
-                static_cast<int>(getpid()), host, cpu_list().c_str());
+  std::snprintf(mine.data(), kLine, "#  Rank %2d Group  0 Pid %6d on %10s device host cpus %s %s", rank_,
+                static_cast<int>(getpid()), host, cpu_list().c_str(), host_identity().c_str());
   std::vector<char> all(kLine * static_cast<size_t>(nranks_), '\0');
   if (!b_.gather_bytes(mine.data(), kLine, all.data())) return fail("gathering the header");
   if (rank_ != 0) return true;
 
-  std::printf("# %s %s: %s, %d ranks\n", b_.library().c_str(), prog_, opt_.coll->name, nranks_);
+  std::set<std::string> hosts;  // hostname and identity, without rank, pid and cpus
+  for (int r = 0; r < nranks_; ++r) {
+    std::string line(all.data() + static_cast<size_t>(r) * kLine, strnlen(all.data() + static_cast<size_t>(r) * kLine, kLine));
+    const size_t on = line.find(" on ");
+    const size_t cpus = line.find(" cpus ");
+    const size_t id = line.rfind(" boot ");
+    hosts.insert(line.substr(on, cpus - on) + (id != std::string::npos ? line.substr(id) : ""));
+  }
+  std::printf("# %s %s: %s, %d ranks on %zu host%s\n", b_.library().c_str(), prog_, opt_.coll->name, nranks_,
+              hosts.size(), hosts.size() == 1 ? "" : "s");
   std::printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: 1 "
               "validation: %d graph: 0\n",
               opt_.min_bytes, opt_.max_bytes, opt_.step_factor > 1 ? opt_.step_factor : opt_.step_bytes,

@@ -38,7 +38,9 @@ class LibcommBackend final : public Backend {
   std::string transport() const override {
     // comm.h does not report the transport "auto" chose; on one rank there is none to choose.
     if (nranks_ == 1) return transport_ + " (1 rank: nothing on the wire)";
-    return transport_ == "auto" ? "auto (socket: the only host transport in this build)" : transport_;
+    // What "auto" chose per peer is libcomm's (the topology plan's) and comm.h has no query
+    // for it; COMM_DEBUG=INFO logs it.
+    return transport_ == "auto" ? "auto (libcomm's choice per peer class; COMM_DEBUG=INFO logs it)" : transport_;
   }
   std::string algorithm() const override {
     return algo_.empty() ? "auto (libcomm picks per call: latency algorithms up to COMM_SMALL_MSG_BYTES, ring above)"
