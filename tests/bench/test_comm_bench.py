@@ -124,6 +124,38 @@ class TableParsesAsNcclTests(unittest.TestCase):
         self.assertIn("no_such_algo", done.stderr)
 
 
+class PeersPrintTheSameTable(unittest.TestCase):
+    """The Gloo and Open MPI programs (built when their packages are present) run the same engine."""
+
+    def check(self, done, nrows):
+        parsed = nccl_log.parse(done.stdout)
+        self.assertEqual(len(parsed["rows"]), nrows, done.stdout)
+        self.assertTrue(parsed["ok"], done.stdout)
+        self.assertTrue(all(r["oop_wrong"] == 0 and r["ip_wrong"] == 0 for r in parsed["rows"]))
+
+    def test_gloo_algorithms(self):
+        prog = os.path.join(BUILD, "bench", "comm-bench-gloo")
+        if not os.path.exists(prog):
+            self.skipTest("comm-bench-gloo not built (libgloo-dev absent)")
+        for algo in ("ring", "ring_chunked", "halving_doubling", "bcube"):
+            with self.subTest(algo=algo):
+                self.check(run(2, "--algo", algo, "-b", "4K", "-e", "256K", "-f", "8", "-n", "2", "-w", "1",
+                               prog=prog), 3)
+
+    def test_mpi_collectives(self):
+        prog = os.path.join(BUILD, "bench", "comm-bench-mpi")
+        if not os.path.exists(prog):
+            self.skipTest("comm-bench-mpi not built (libopenmpi-dev absent)")
+        env = dict(ENV, OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
+        for coll in COLLECTIVES:
+            with self.subTest(coll=coll):
+                cmd = ["mpirun", "--allow-run-as-root", "-np", "2", prog, "--op-name", coll, "-b", "4K", "-e", "64K",
+                       "-f", "4", "-n", "2", "-w", "1"]
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+                self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+                self.check(done, 3)
+
+
 class CheckCanFail(unittest.TestCase):
     """One element flipped on one rank after the call must be counted in #wrong."""
 
