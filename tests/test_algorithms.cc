@@ -219,8 +219,11 @@ TEST_CASE("select: a forced name runs that algorithm; one that cannot run falls 
   CHECK(std::string(a->name) == "dissemination");
   REQUIRE(select_for(CollKind::kSendRecv, 3, 7, "pairwise", &a).ok());
   CHECK(std::string(a->name) == "direct");
-  // Every registered algorithm is reachable by name and says which collective it is for.
+  // Every registered algorithm is reachable by name and says which collective it is for (those
+  // that need shared memory, which this in-process transport lacks: in test_shm_algorithms.cc).
   for (const auto& alg : comm::algo::registry()) {
+    const std::string name = alg.name;
+    if (name.rfind("shm_", 0) == 0 || name == "hierarchical") continue;
     REQUIRE(select_for(alg.kind, 4, 7, alg.name, &a).ok());
     CHECK(a == &alg);
   }

@@ -6,7 +6,7 @@
 // per (peer) -- both sides post in the same order, as every collective does -- and a
 // wait that drives progress inline. Where a transport can, it also offers direct access
 // to a peer's registered region (shared memory maps it; UCX has RMA): algorithms ask
-// supports_direct_access() and fall back to two-sided without it.
+// local() (see LocalAccess) and fall back to two-sided without it.
 //
 // Threading: one thread drives a transport at a time (the communicator's rule);
 // abort() may be called from any thread and wakes every wait.
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "deadline.h"
 #include "status.h"
@@ -52,6 +53,50 @@ std::string describe(const OpTag& tag);
 
 using RequestId = uint32_t;
 
+// ---- one-sided access among the ranks of one host ---------------------------------------
+//
+// A transport that maps its local peers' memory (shared memory) offers this view; algorithms
+// that read peers' buffers in place are written against it and nothing else. One call:
+//   begin(tag)                      every local rank, for the same calls in the same order
+//   small: copy into slot(me); post()            large: expose(in, out, ...)
+//   wait_posted(i) for each peer i  (INVALID_USAGE naming both sides if its tag differs)
+//   small: read slot(i)                          large: read()/peer_addr(), publish_progress(),
+//                                                       wait_progress(), then finish()
+// A peer is never more than one call ahead, so slots and descriptors alternate by parity.
+enum class Region : uint8_t { kInput = 0, kOutput = 1 };
+
+class LocalAccess {
+ public:
+  virtual ~LocalAccess() = default;
+  // This communicator's ranks on this host, ascending (this rank among them), and this rank's
+  // index there; every rank's host (0.., numbered in order of each host's first rank).
+  virtual const std::vector<int>& local_ranks() const = 0;
+  virtual int local_index() const = 0;
+  virtual const std::vector<int>& host_of() const = 0;
+
+  virtual Status begin(const OpTag& tag) = 0;
+
+  // Small messages: local rank i's slot for this call (slot_bytes() long, written by its owner).
+  virtual size_t slot_bytes() const = 0;
+  virtual char* slot(int i) = 0;
+  virtual Status post() = 0;  // publishes this call's tag (and slot) to the local peers
+  virtual Status wait_posted(int i) = 0;
+
+  // Large messages: exposes `bytes` of input and output and posts. *out_work is where this
+  // rank must write what peers read from its output: `out` itself, or shared staging when
+  // peers cannot reach `out` (then the caller copies its own results to `out` afterwards).
+  virtual Status expose(const void* in, void* out, size_t bytes, char** out_work) = 0;
+  // Local rank i's input/output at byte `off` when this rank can address it in place, else
+  // nullptr (then read() copies it).
+  virtual const char* peer_addr(int i, Region region, size_t off, size_t len) = 0;
+  virtual Status read(int i, Region region, size_t off, void* dst, size_t len) = 0;
+  // This rank's progress through the call, a count that grows within it; peers wait on it.
+  virtual void publish_progress(uint64_t value) = 0;
+  virtual Status wait_progress(int i, uint64_t value) = 0;
+  // Ends a large call: returns once no local peer reads this rank's buffers any more.
+  virtual Status finish() = 0;
+};
+
 struct Options {
   int rank = 0;
   int size = 1;
@@ -60,6 +105,7 @@ struct Options {
   std::shared_ptr<Store> store;  // prefixed for this communicator: addresses are exchanged here
   std::string comm_label;        // for log lines, e.g. "comm 0x1a2b"
   bool all_local = false;        // every rank is on this host (from the rendezvous)
+  std::vector<int> host_of;      // every rank's host index (from the rendezvous); empty: unknown
 };
 
 class Transport {
@@ -101,8 +147,9 @@ class Transport {
   // Any thread: every pending and future wait ends with COMM_ERR_ABORTED.
   virtual void abort() = 0;
 
-  // One-sided access where the transport can give it.
-  virtual bool supports_direct_access() const { return false; }
+  // One-sided access where the transport can give it (shared memory among local ranks).
+  virtual LocalAccess* local() { return nullptr; }
+  bool supports_direct_access() { return local() != nullptr; }
 
  protected:
   explicit Transport(Options options) : options_(std::move(options)) {}

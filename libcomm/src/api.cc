@@ -8,6 +8,8 @@
 #include "abi_guard.h"
 #include "communicator.h"
 #include "group.h"
+#include "log.h"
+#include "transports/shm/domain.h"
 
 namespace comm {
 namespace {
@@ -91,7 +93,9 @@ COMM_API comm_status_t comm_dup(comm_t c, comm_t* out) {
     *out = nullptr;
     COMM_RETURN_IF_ERROR(comm::check_usable(c));
     std::string id = c->id + ".d" + std::to_string(++c->children);
-    return comm::create_child(c, id, c->rank, c->size, out).prefixed("comm_dup: ");
+    std::vector<int> members(static_cast<size_t>(c->size));
+    for (int r = 0; r < c->size; ++r) members[static_cast<size_t>(r)] = r;
+    return comm::create_child(c, id, c->rank, members, out).prefixed("comm_dup: ");
   });
 }
 
@@ -119,10 +123,13 @@ COMM_API comm_status_t comm_split(comm_t c, int color, int key, comm_t* out) {
       if (all[2 * static_cast<size_t>(r)] == color) members.emplace_back(all[2 * static_cast<size_t>(r) + 1], r);
     std::sort(members.begin(), members.end());
     int new_rank = 0;
-    for (size_t i = 0; i < members.size(); ++i)
+    std::vector<int> parent_ranks;
+    for (size_t i = 0; i < members.size(); ++i) {
       if (members[i].second == c->rank) new_rank = static_cast<int>(i);
+      parent_ranks.push_back(members[i].second);
+    }
     std::string id = c->id + ".s" + std::to_string(split_no) + "c" + std::to_string(color);
-    return comm::create_child(c, id, new_rank, static_cast<int>(members.size()), out).prefixed("comm_split: ");
+    return comm::create_child(c, id, new_rank, parent_ranks, out).prefixed("comm_split: ");
   });
 }
 
@@ -181,8 +188,9 @@ COMM_API comm_status_t comm_group_end(void) {
   return comm::guarded("comm_group_end", [&]() -> Status { return comm::group_end(); });
 }
 
-// Plain, touched, 64-byte-aligned host memory for now: every transport reads it with one
-// copy. Peer-mapped shared memory arrives with the shm transport.
+// Shared memory that local peers already map (this rank's arena) when the communicator has
+// one, so collectives read these buffers in place; plain, touched, 64-byte-aligned memory
+// otherwise (or when the arena is full), which every transport reads with one copy more.
 COMM_API comm_status_t comm_mem_alloc(comm_t c, size_t bytes, void** ptr) {
   return comm::guarded("comm_mem_alloc", [&]() -> Status {
     if (c == nullptr || ptr == nullptr) return comm::InvalidArgument("comm_mem_alloc: NULL communicator or output pointer");
@@ -190,6 +198,16 @@ COMM_API comm_status_t comm_mem_alloc(comm_t c, size_t bytes, void** ptr) {
     if (bytes == 0) return Status::Ok();
     size_t rounded = (bytes + 63) / 64 * 64;
     if (rounded < bytes) return comm::InvalidArgument("comm_mem_alloc: " + std::to_string(bytes) + " bytes overflows");
+    if (c->shm_domain) {
+      char* p = nullptr;
+      Status st = c->shm_domain->alloc(bytes, &p);
+      if (st.ok()) {
+        *ptr = p;
+        return st;
+      }
+      COMM_WARN(kInit, "comm_mem_alloc: %s; returning ordinary memory (collectives on it take one copy more)",
+                st.message().c_str());
+    }
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) return comm::SystemError("comm_mem_alloc: cannot allocate " + std::to_string(bytes) + " bytes");
     std::memset(p, 0, rounded);  // first touch now, not on the first collective
@@ -201,6 +219,11 @@ COMM_API comm_status_t comm_mem_alloc(comm_t c, size_t bytes, void** ptr) {
 COMM_API comm_status_t comm_mem_free(comm_t c, void* ptr) {
   return comm::guarded("comm_mem_free", [&]() -> Status {
     if (c == nullptr) return comm::InvalidArgument("comm_mem_free: NULL communicator");
+    if (ptr == nullptr) return Status::Ok();
+    if (auto domain = comm::transport::shm::Domain::owner_of(ptr)) {
+      domain->free(ptr);
+      return Status::Ok();
+    }
     std::free(ptr);
     return Status::Ok();
   });

@@ -14,6 +14,8 @@
 #include "log.h"
 #include "params.h"
 #include "rendezvous.h"
+#include "transports/routed/routed_transport.h"
+#include "transports/shm/shm_transport.h"
 #include "topology/process.h"
 #include "transports/socket/socket_transport.h"
 
@@ -95,11 +97,11 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
     COMM_RETURN_IF_ERROR(params::get_string("COMM_TRANSPORT", &s->transport));
   }
   for (auto& ch : s->transport) ch = static_cast<char>(tolower(static_cast<unsigned char>(ch)));
-  if (s->transport == "shm" || s->transport == "ucx")
+  if (s->transport == "ucx")
     return Unavailable("transport '" + s->transport +
-                       "' is not available in this build; use COMM_TRANSPORT=auto or socket");
-  if (s->transport != "auto" && s->transport != "socket")
-    return InvalidArgument("transport '" + s->transport + "' is unknown; use auto or socket");
+                       "' is not available in this build; use COMM_TRANSPORT=auto, shm or socket");
+  if (s->transport != "auto" && s->transport != "socket" && s->transport != "shm")
+    return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, shm or socket");
   COMM_RETURN_IF_ERROR(params::get_string("COMM_ALGO", &s->forced_algo));
   int64_t chunk = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
@@ -153,9 +155,41 @@ std::string compare(const Fingerprint& mine, int my_rank, const Fingerprint& the
   return diff;
 }
 
-// Rank 0 collects every rank's fingerprint and publishes one verdict (plus the job secret),
-// so every rank fails the same way, naming the difference, or none does.
-Status agree(Store& store, int rank, int size, const CommSettings& s, std::string* secret, bool* all_local) {
+std::string encode_hosts(const std::vector<int>& host_of) {
+  std::string text;
+  for (size_t r = 0; r < host_of.size(); ++r) text += (r ? "," : "") + std::to_string(host_of[r]);
+  return text;
+}
+
+bool decode_hosts(const std::string& text, int size, std::vector<int>* host_of) {
+  host_of->clear();
+  size_t pos = 0;
+  while (pos <= text.size() && static_cast<int>(host_of->size()) < size) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(pos, end - pos);
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos) return false;
+    host_of->push_back(std::stoi(item));
+    pos = end + 1;
+  }
+  return static_cast<int>(host_of->size()) == size;
+}
+
+// COMM_TRANSPORT=shm with ranks on other hosts: why it cannot be, naming one such rank.
+std::string shm_unavailable(const std::vector<int>& host_of) {
+  for (size_t r = 1; r < host_of.size(); ++r)
+    if (host_of[r] != host_of[0])
+      return "COMM_TRANSPORT=shm needs every rank on one host, but rank " + std::to_string(r) +
+             " is on another host than rank 0 (hostname, boot id, network namespace or COMM_HOST_ID differ); "
+             "use COMM_TRANSPORT=auto or socket";
+  return "";
+}
+
+// Rank 0 collects every rank's fingerprint and host and publishes one verdict: the job secret
+// and every rank's host (numbered in order of each host's first rank), or why init fails, so
+// every rank fails the same way, naming the difference, or none does.
+Status agree(Store& store, int rank, int size, const CommSettings& s, std::string* secret, bool* all_local,
+             std::vector<int>* host_of) {
   Deadline deadline = Deadline::after_ms(s.timeout_ms);
   Fingerprint mine = fingerprint(size, s);
   const std::string my_host = host_identity();
@@ -164,6 +198,8 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
   if (rank == 0) {
     std::string problems;
     *all_local = true;
+    std::map<std::string, int> hosts = {{my_host, 0}};
+    host_of->assign(static_cast<size_t>(size), 0);
     for (int r = 1; r < size; ++r) {
       std::string text, host;
       Status st = store.get("init/fp/" + std::to_string(r), &text, deadline);
@@ -174,18 +210,23 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
       std::string diff = compare(mine, 0, decode(text), r);
       if (!diff.empty()) problems += (problems.empty() ? "" : "; ") + diff;
       *all_local = *all_local && host == my_host;
+      auto [it, added] = hosts.emplace(host, static_cast<int>(hosts.size()));
+      (*host_of)[static_cast<size_t>(r)] = it->second;
     }
     COMM_RETURN_IF_ERROR(random_secret(secret));
-    std::string verdict = problems.empty()
-                              ? "OK\n" + *secret + (*all_local ? "L" : "R") + "\n" + encode(mine)
-                              : "FAIL\n" + problems;
+    const std::string unavailable = s.transport == "shm" && problems.empty() ? shm_unavailable(*host_of) : "";
+    std::string verdict = !problems.empty()      ? "FAIL\n" + problems
+                          : !unavailable.empty() ? "UNAV\n" + unavailable
+                                                 : "OK\n" + *secret + (*all_local ? "L" : "R") + "\n" +
+                                                       encode_hosts(*host_of) + "\n" + encode(mine);
     COMM_RETURN_IF_ERROR(store.set("init/verdict", verdict));
-    if (!problems.empty()) {
+    if (!problems.empty() || !unavailable.empty()) {
       // Stay until every rank has read the verdict: our process may hold the store.
       for (int r = 1; r < size; ++r) {
         std::string ignored;
         (void)store.get("init/ack/" + std::to_string(r), &ignored, deadline);
       }
+      if (!unavailable.empty()) return Unavailable(unavailable);
       return InvalidUsage("ranks disagree at init: " + problems + "; start every rank with the same settings");
     }
     return Status::Ok();
@@ -196,12 +237,16 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
   (void)store.set("init/ack/" + std::to_string(rank), "1");
   if (verdict.rfind("FAIL\n", 0) == 0)
     return InvalidUsage("ranks disagree at init: " + verdict.substr(5) + "; start every rank with the same settings");
+  if (verdict.rfind("UNAV\n", 0) == 0) return Unavailable(verdict.substr(5));
   size_t nl = verdict.find('\n', 3);
   if (verdict.rfind("OK\n", 0) != 0 || nl == std::string::npos) return Internal("malformed init verdict in the store");
   if (nl < 4) return Internal("malformed init verdict in the store");
   *all_local = verdict[nl - 1] == 'L';
   *secret = verdict.substr(3, nl - 4);
-  std::string diff = compare(mine, rank, decode(verdict.substr(nl + 1)), 0);
+  size_t nl2 = verdict.find('\n', nl + 1);
+  if (nl2 == std::string::npos || !decode_hosts(verdict.substr(nl + 1, nl2 - nl - 1), size, host_of))
+    return Internal("malformed host map in the init verdict");
+  std::string diff = compare(mine, rank, decode(verdict.substr(nl2 + 1)), 0);
   if (!diff.empty())
     return InvalidUsage("ranks disagree at init: " + diff + "; start every rank with the same settings");
   return Status::Ok();
@@ -230,6 +275,16 @@ class LoneTransport final : public transport::Transport {
   void abort() override {}
 };
 
+bool every_rank_alone(const std::vector<int>& host_of) {
+  std::vector<int> seen(host_of.size(), 0);
+  for (int h : host_of)
+    if (h >= 0 && static_cast<size_t>(h) < seen.size() && seen[static_cast<size_t>(h)]++ > 0) return false;
+  return true;
+}
+
+// Shared memory between ranks on one host, sockets between hosts (auto); COMM_TRANSPORT=shm
+// needs one host, socket forces sockets everywhere. Every rank of the communicator decides
+// alike: the host map is the same everywhere and shm's setup outcome is agreed.
 Status connect_transport(comm_t c) {
   transport::Options opt;
   opt.rank = c->rank;
@@ -239,12 +294,46 @@ Status connect_transport(comm_t c) {
   opt.store = make_prefix_store(c->job_store, "comm/" + c->id + "/socket");
   opt.comm_label = "comm " + c->id;
   opt.all_local = c->all_local;
-  if (c->size > 1)
-    COMM_RETURN_IF_ERROR(transport::create_socket_transport(opt, &c->transport));
-  else
-    c->transport = std::make_unique<LoneTransport>(opt);
+  opt.host_of = c->host_of;
   c->send_seq.assign(static_cast<size_t>(c->size), 0);
   c->recv_seq.assign(static_cast<size_t>(c->size), 0);
+  if (c->size == 1) {
+    c->transport = std::make_unique<LoneTransport>(opt);
+    return Status::Ok();
+  }
+  const bool forced_shm = c->settings.transport == "shm";
+  std::unique_ptr<transport::Transport> near;
+  if (c->settings.transport != "socket" && c->shm_usable && !every_rank_alone(c->host_of)) {
+    transport::Options shm_opt = opt;
+    shm_opt.store = make_prefix_store(c->job_store, "comm/" + c->id + "/shm");
+    transport::ShmConfig config;
+    config.comm_id = c->id;
+    config.world_ranks = c->world_ranks;
+    config.create_domain = c->id == "0";
+    transport::ShmOutcome outcome;
+    COMM_RETURN_IF_ERROR(transport::connect_shm(shm_opt, config, &c->shm_domain, &outcome));
+    if (!outcome.usable) {
+      if (forced_shm) return Unavailable("COMM_TRANSPORT=shm: shared memory could not be set up: " + outcome.why_not);
+      COMM_WARN(kNet, "comm %s rank %d: shared memory unavailable (%s); local ranks talk over sockets", c->id.c_str(),
+                c->rank, outcome.why_not.c_str());
+      c->shm_usable = false;
+    }
+    near = std::move(outcome.transport);
+  }
+  if (near && c->all_local) {
+    c->transport = std::move(near);
+    return Status::Ok();
+  }
+  std::unique_ptr<transport::Transport> far;
+  COMM_RETURN_IF_ERROR(transport::create_socket_transport(opt, &far));
+  if (!near) {
+    c->transport = std::move(far);
+    return Status::Ok();
+  }
+  std::vector<bool> is_local(static_cast<size_t>(c->size));
+  for (int r = 0; r < c->size; ++r)
+    is_local[static_cast<size_t>(r)] = c->host_of[static_cast<size_t>(r)] == c->host_of[static_cast<size_t>(c->rank)];
+  c->transport = transport::make_routed_transport(opt, std::move(near), std::move(far), std::move(is_local));
   return Status::Ok();
 }
 
@@ -273,7 +362,10 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   COMM_RETURN_IF_ERROR(params::get_string("COMM_AUTH_TOKEN", &token));
   COMM_RETURN_IF_ERROR(open_store(id, c->settings.timeout_ms, token, &c->job_store));
   topology::prepare_process(c->job_store.get());  // once per process: plan, NCCL_* env; never fails
-  COMM_RETURN_IF_ERROR(agree(*c->job_store, c->rank, c->size, c->settings, &c->secret, &c->all_local));
+  COMM_RETURN_IF_ERROR(
+      agree(*c->job_store, c->rank, c->size, c->settings, &c->secret, &c->all_local, &c->host_of));
+  c->world_ranks.resize(static_cast<size_t>(c->size));
+  for (int r = 0; r < c->size; ++r) c->world_ranks[static_cast<size_t>(r)] = r;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
   COMM_INFO(kInit, "rank %d of %d ready (init %s, transport %s, timeout %d ms)", c->rank, c->size,
@@ -282,18 +374,28 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   return Status::Ok();
 }
 
-Status create_child(comm_t parent, const std::string& id, int rank, int size, comm_t* out) {
+Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out) {
   auto c = std::make_unique<comm_s>();
   c->rank = rank;
-  c->size = size;
+  c->size = static_cast<int>(members.size());
   c->id = id;
   c->settings = parent->settings;
   c->secret = parent->secret;
-  c->all_local = parent->all_local;
   c->job_store = parent->job_store;
+  c->shm_domain = parent->shm_domain;
+  c->shm_usable = parent->shm_usable;
+  // Hosts renumbered in order of each host's first member, as the world's are.
+  std::map<int, int> renumber;
+  for (int p : members) {
+    const int h = parent->host_of[static_cast<size_t>(p)];
+    renumber.emplace(h, static_cast<int>(renumber.size()));
+    c->host_of.push_back(renumber[h]);
+    c->world_ranks.push_back(parent->world_ranks[static_cast<size_t>(p)]);
+  }
+  c->all_local = renumber.size() == 1;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
-  COMM_INFO(kInit, "comm %s: rank %d of %d ready", id.c_str(), rank, size);
+  COMM_INFO(kInit, "comm %s: rank %d of %d ready (transport %s)", id.c_str(), rank, c->size, c->transport->name());
   *out = c.release();
   return Status::Ok();
 }

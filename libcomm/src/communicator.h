@@ -18,6 +18,10 @@
 #include "store/store.h"
 #include "transports/transport.h"
 
+namespace comm::transport::shm {
+class Domain;
+}
+
 struct comm_request_s {
   comm_t comm = nullptr;
   comm::algo::CollArgs args;
@@ -45,6 +49,12 @@ struct comm_s {
   comm::CommSettings settings;
   std::string secret;
   bool all_local = false;  // every rank on this host (hostname, boot id, netns or COMM_HOST_ID)
+  std::vector<int> host_of;      // every rank's host, numbered in order of each host's first rank
+  std::vector<int> world_ranks;  // every rank's rank in the world communicator
+  // The job's shared memory on this host (arenas of the local ranks; comm_mem_alloc), shared by
+  // the world and every communicator derived from it; nullptr without local peers or shm.
+  std::shared_ptr<comm::transport::shm::Domain> shm_domain;
+  bool shm_usable = true;  // agreed at the world's init: shared memory works on every host
   std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
   std::unique_ptr<comm::transport::Transport> transport;
   comm::algo::Scratch scratch;
@@ -74,8 +84,9 @@ namespace comm {
 
 // Creates the world communicator: identity, store, agreement check, transport.
 Status init_communicator(const comm_config_t& cfg, comm_t* out);
-// Children share the job store and secret; every member calls with the same id.
-Status create_child(comm_t parent, const std::string& id, int rank, int size, comm_t* out);
+// Children share the job store and secret; every member calls with the same id and the same
+// members (their parent ranks, in the child's rank order).
+Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out);
 void destroy_communicator(comm_t comm);
 
 // Fails fast when the communicator is aborted or broken (with the error it broke with).

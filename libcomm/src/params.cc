@@ -14,7 +14,10 @@ const std::vector<Param>& all() {
        "comma list of INIT,NET,COLL,STORE,ENV,ALG,ALL; a leading ^ excludes", nullptr},
       {"COMM_TIMEOUT_MS", Type::kInt, "600000",
        "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr},
-      {"COMM_TRANSPORT", Type::kEnum, "auto", "host transport between ranks (shm and ucx: not in this build yet)", "auto,socket,shm,ucx"},
+      {"COMM_TRANSPORT", Type::kEnum, "auto",
+       "host transport between ranks: auto = shared memory between ranks on one host and sockets between hosts; "
+       "shm = shared memory only (every rank on one host); socket = TCP everywhere (ucx: not in this build yet)",
+       "auto,socket,shm,ucx"},
       {"COMM_AUTH_TOKEN", Type::kString, "", "peers without the same token are refused at rendezvous",
        nullptr},
       {"COMM_TUNING_FILE", Type::kString, "", "tuning profile (JSON) written by comm-tune", nullptr},
@@ -35,6 +38,23 @@ const std::vector<Param>& all() {
        "1: ranks span zones or long-haul links, so NCCL_IB_TIMEOUT defaults to 23 instead of 20", nullptr},
       {"COMM_LONG_HAUL_RTT_US", Type::kInt, "1000",
        "a round trip to the rendezvous store over this (us) counts as long-haul (NCCL_IB_TIMEOUT 23 on that rank)",
+       nullptr},
+      {"COMM_SHM_SLOT_BYTES", Type::kInt, "16384",
+       "shared memory: all-reduce up to this size goes through one shared slot per rank (shm_slots); larger "
+       "ones read peers' buffers directly (shm_direct). Every local rank must use the same value",
+       nullptr},
+      {"COMM_SHM_CHUNK_BYTES", Type::kInt, "262144", "shared memory: pipelining chunk of the direct all-reduce",
+       nullptr},
+      {"COMM_SHM_CMA", Type::kInt, "1",
+       "shared memory: 1 = read local peers' buffers with process_vm_readv (one copy) when the kernel allows it; "
+       "0 = copy through shared staging",
+       nullptr},
+      {"COMM_SHM_ARENA_BYTES", Type::kInt, "68719476736",
+       "shared memory: address space each rank reserves (not allocates) for comm_mem_alloc buffers and staging",
+       nullptr},
+      {"COMM_SHM_SPIN_US", Type::kInt, "-1",
+       "shared memory: microseconds a wait spins before it sleeps on a futex (-1: 200 when local ranks <= cores, "
+       "else 2)",
        nullptr},
       // launchers
       {"MASTER_ADDR", Type::kString, "", "torchrun: rank 0's address (the store)", nullptr},

@@ -18,5 +18,9 @@ Algorithm ring_reduce_scatter();
 Algorithm pairwise_alltoall();
 Algorithm dissemination_barrier();
 Algorithm direct_sendrecv();
+// Over one-sided shared memory (LocalAccess), where the transport offers it.
+Algorithm shm_slots_allreduce();
+Algorithm shm_direct_allreduce();
+Algorithm hierarchical_allreduce();
 
 }  // namespace comm::algo

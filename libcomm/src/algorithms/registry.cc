@@ -27,6 +27,9 @@ const std::vector<Algorithm>& registry() {
       pairwise_alltoall(),
       dissemination_barrier(),
       direct_sendrecv(),
+      shm_slots_allreduce(),
+      shm_direct_allreduce(),
+      hierarchical_allreduce(),
   };
   return table;
 }
@@ -51,6 +54,12 @@ const char* small_choice(const Context& ctx, const CollArgs& args) {
   const size_t bytes = args.count * dtype_size(args.dtype);
   switch (args.kind) {
     case CollKind::kAllreduce:
+      if (transport::LocalAccess* la = ctx.transport.local()) {
+        // One host: shared slots, then the direct algorithm; several: shm inside, rings between.
+        if (static_cast<int>(la->local_ranks().size()) == ctx.size)
+          return bytes <= la->slot_bytes() ? "shm_slots" : "shm_direct";
+        if (bytes > small_msg_bytes()) return "hierarchical";
+      }
       return bytes <= small_msg_bytes() ? "recursive_doubling" : "ring";
     case CollKind::kBroadcast:
       return bytes <= small_msg_bytes() ? "binomial_tree" : "pipelined_chain";

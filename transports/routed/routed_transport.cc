@@ -1,0 +1,235 @@
+// Routing each request to the transport that reaches its peer. A wait whose requests are all
+// on one side is that side's own wait (blocking in poll() or on a futex); a wait that spans
+// both polls the two with test() and backs off into short sleeps, bounded by the timeout.
+#include "transports/routed/routed_transport.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+
+namespace comm::transport {
+namespace {
+
+constexpr uint32_t kPoolBits = 12;
+constexpr uint32_t kPoolSize = 1u << kPoolBits;
+constexpr uint32_t kNil = UINT32_MAX;
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kMaxNap = std::chrono::microseconds(1000);
+
+class RoutedTransport final : public Transport {
+ public:
+  RoutedTransport(Options options, std::unique_ptr<Transport> near, std::unique_ptr<Transport> far,
+                  std::vector<bool> is_local)
+      : Transport(std::move(options)), near_(std::move(near)), far_(std::move(far)), is_local_(std::move(is_local)) {
+    pool_.resize(kPoolSize);
+    for (uint32_t i = 0; i < kPoolSize; ++i) pool_[i].next = i + 1 < kPoolSize ? i + 1 : kNil;
+    sub_ids_.reserve(64);
+  }
+
+  const char* name() const override { return "shm+socket"; }
+  LocalAccess* local() override { return near_->local(); }
+
+  Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {
+    return post(true, peer, tag, const_cast<void*>(buf), bytes, id);
+  }
+  Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) override {
+    return post(false, peer, tag, buf, bytes, id);
+  }
+
+  Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
+  Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
+
+  Status test(RequestId id, bool* done) override {
+    COMM_RETURN_IF_ERROR(failed_);
+    uint32_t index;
+    COMM_RETURN_IF_ERROR(lookup(id, &index));
+    Entry& e = pool_[index];
+    *done = e.completed;
+    if (!e.completed) {
+      Status st = side(e).test(e.sub_id, done);
+      if (!st.ok()) return fail(st);
+    }
+    if (*done) release(index);
+    return Status::Ok();
+  }
+
+  void wake() override {
+    woken_.store(true, std::memory_order_release);
+    near_->wake();
+    far_->wake();
+  }
+  void notify_peers(const Status& failure) override {
+    near_->notify_peers(failure);
+    far_->notify_peers(failure);
+    (void)fail(failure);
+  }
+  void abort() override {
+    aborted_.store(true, std::memory_order_release);
+    near_->abort();
+    far_->abort();
+  }
+
+ private:
+  struct Entry {
+    bool active = false;
+    bool is_near = false;
+    bool is_send = false;
+    bool completed = false;  // its sub-request finished (and was released) in a wait_some
+    int peer = -1;
+    OpTag tag;
+    RequestId sub_id = 0;
+    uint32_t generation = 1;
+    uint32_t next = kNil;
+  };
+
+  Transport& side(const Entry& e) { return e.is_near ? *near_ : *far_; }
+  Status fail(const Status& st) {
+    if (failed_.ok()) failed_ = st;
+    return failed_;
+  }
+
+  Status post(bool is_send, int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) {
+    COMM_RETURN_IF_ERROR(failed_);
+    if (id == nullptr) return InvalidArgument("routed transport: null request id pointer");
+    if (peer < 0 || peer >= size() || peer == rank())
+      return InvalidArgument("routed transport: peer " + std::to_string(peer) + " is not another rank (size " +
+                             std::to_string(size()) + ")");
+    if (free_head_ == kNil)
+      return Internal("routed transport: all " + std::to_string(kPoolSize) + " request slots are in use");
+    const uint32_t index = free_head_;
+    Entry& e = pool_[index];
+    e.is_near = is_local_[static_cast<size_t>(peer)];
+    e.is_send = is_send;
+    e.completed = false;
+    e.peer = peer;
+    e.tag = tag;
+    Status st = is_send ? side(e).isend(peer, tag, buf, bytes, &e.sub_id) : side(e).irecv(peer, tag, buf, bytes, &e.sub_id);
+    if (!st.ok()) return st.code() == COMM_ERR_INVALID_ARGUMENT ? st : fail(st);
+    free_head_ = e.next;
+    e.active = true;
+    *id = (e.generation << kPoolBits) | index;
+    return Status::Ok();
+  }
+
+  Status lookup(RequestId id, uint32_t* index) const {
+    const uint32_t i = id & (kPoolSize - 1);
+    if (!pool_[i].active || pool_[i].generation != (id >> kPoolBits))
+      return InvalidArgument("routed transport: request id " + std::to_string(id) + " is unknown or already completed");
+    *index = i;
+    return Status::Ok();
+  }
+
+  void release(uint32_t index) {
+    Entry& e = pool_[index];
+    if (!e.active) return;
+    e.active = false;
+    e.generation = (e.generation + 1) & ((1u << (32 - kPoolBits)) - 1);
+    if (e.generation == 0) e.generation = 1;
+    e.next = free_head_;
+    free_head_ = index;
+  }
+
+  // wait (all listed) and wait_some (any listed, or woken).
+  Status drive(const RequestId* ids, size_t n, bool any) {
+    COMM_RETURN_IF_ERROR(failed_);
+    if (n > 0 && ids == nullptr) return InvalidArgument("routed transport: null request id list");
+    size_t near_count = 0, pending = 0;
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t index;
+      COMM_RETURN_IF_ERROR(lookup(ids[i], &index));
+      if (pool_[index].completed) continue;
+      ++pending;
+      near_count += pool_[index].is_near ? 1 : 0;
+    }
+    if (pending < n && any) return Status::Ok();  // one is finished already
+    if (pending > 0 && (near_count == 0 || near_count == pending)) {
+      Transport& t = near_count > 0 ? *near_ : *far_;
+      sub_ids_.clear();
+      for (size_t i = 0; i < n; ++i)
+        if (!pool_[ids[i] & (kPoolSize - 1)].completed) sub_ids_.push_back(pool_[ids[i] & (kPoolSize - 1)].sub_id);
+      Status st = any ? t.wait_some(sub_ids_.data(), sub_ids_.size()) : t.wait(sub_ids_.data(), sub_ids_.size());
+      if (!st.ok()) return fail(st);
+    } else if (pending > 0) {
+      COMM_RETURN_IF_ERROR(drive_mixed(ids, n, any));
+    }
+    if (!any)
+      for (size_t i = 0; i < n; ++i) release(ids[i] & (kPoolSize - 1));
+    return Status::Ok();
+  }
+
+  Status drive_mixed(const RequestId* ids, size_t n, bool any) {
+    using Clock = std::chrono::steady_clock;
+    const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
+    auto last_move = Clock::now();
+    auto nap = std::chrono::microseconds(0);
+    for (;;) {
+      bool all = true, some = false, moved = false;
+      for (size_t i = 0; i < n; ++i) {
+        Entry& e = pool_[ids[i] & (kPoolSize - 1)];
+        if (e.completed) {
+          some = true;
+          continue;
+        }
+        bool d = false;
+        Status st = side(e).test(e.sub_id, &d);  // a finished sub-request is released by test()
+        if (!st.ok()) return fail(st);
+        if (d) {
+          e.completed = true;  // test()/release() of ours collects it
+          some = moved = true;
+        } else {
+          all = false;
+        }
+      }
+      if (all || (any && some)) return Status::Ok();
+      if (any && woken_.exchange(false, std::memory_order_acq_rel)) return Status::Ok();
+      if (aborted_.load(std::memory_order_acquire))
+        return fail(Aborted("rank " + std::to_string(rank()) + ": the transport was aborted (comm_abort)"));
+      const auto now = Clock::now();
+      if (moved) {
+        last_move = now;
+        nap = std::chrono::microseconds(0);
+        continue;
+      }
+      if (now - last_move >= timeout) return fail(Timeout(timeout_message(ids, n)));
+      if (now - last_move < kSpin) continue;
+      // Neither side can wake us for the other: nap briefly, longer while nothing moves.
+      nap = std::min<std::chrono::microseconds>(kMaxNap, nap.count() == 0 ? std::chrono::microseconds(10) : nap * 2);
+      timespec ts{0, static_cast<long>(nap.count()) * 1000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+
+  std::string timeout_message(const RequestId* ids, size_t n) {
+    std::string parts;
+    for (size_t i = 0; i < n; ++i) {
+      const Entry& e = pool_[ids[i] & (kPoolSize - 1)];
+      if (e.completed) continue;
+      std::string one = "rank " + std::to_string(e.peer) + " (" + (e.is_send ? "send of " : "receive of ") +
+                        describe(e.tag) + (e.is_near ? ", shared memory" : ", socket") + ")";
+      if (parts.find(one) == std::string::npos) parts += (parts.empty() ? "" : "; ") + one;
+    }
+    return "no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
+           std::to_string(rank()) + " waited on " + parts + "; is that rank still running, and calling the same operation?";
+  }
+
+  std::unique_ptr<Transport> near_, far_;
+  std::vector<bool> is_local_;
+  std::vector<Entry> pool_;
+  uint32_t free_head_ = 0;
+  std::vector<RequestId> sub_ids_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> woken_{false};
+  Status failed_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_routed_transport(Options options, std::unique_ptr<Transport> near,
+                                                 std::unique_ptr<Transport> far, std::vector<bool> is_local) {
+  return std::make_unique<RoutedTransport>(std::move(options), std::move(near), std::move(far), std::move(is_local));
+}
+
+}  // namespace comm::transport

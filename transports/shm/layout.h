@@ -1,0 +1,143 @@
+// What the shared-memory transport puts in shared memory: one control segment per rank and
+// communicator (counters, the two call descriptors, the small-message slots, one channel per
+// receiving peer), and one arena per rank and job (comm_mem_alloc buffers, staging). Every
+// local rank maps every local segment; a rank writes only its own segment, except the
+// consumer counters (`tail`) of the channels it receives on.
+//
+// Counters and flags live on their own cache lines (128 bytes apart: the adjacent-line
+// prefetcher pairs lines), so a spinning reader never slows the writer of a neighbour.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace comm::transport::shm {
+
+constexpr uint64_t kControlMagic = 0x4c52544e43434d31ull;  // "1MCCNTRL"
+constexpr uint64_t kArenaMagic = 0x414e455241434d31ull;    // "1MCARENA"
+constexpr uint32_t kLayoutVersion = 1;
+constexpr size_t kLine = 128;
+constexpr size_t kPage = 4096;
+constexpr size_t kMaxErrorText = 512;
+constexpr int kChannelSlots = 4;
+
+struct alignas(kLine) Counter {
+  std::atomic<uint64_t> value{0};
+};
+struct alignas(kLine) Futex {
+  std::atomic<uint32_t> word{0};
+};
+static_assert(sizeof(Counter) == kLine && sizeof(Futex) == kLine);
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+
+// OpTag as it sits in shared memory (fixed layout; read by peers and compared).
+struct WireTag {
+  uint64_t seq;
+  uint64_t count;
+  int32_t root;
+  uint8_t coll;
+  uint8_t dtype;
+  uint8_t op;
+  uint8_t pad;
+};
+static_assert(sizeof(WireTag) == 24);
+
+// How a peer reaches a buffer this rank exposes for one call.
+enum class Reach : uint32_t {
+  kNone = 0,
+  kArena = 1,  // in the owner's arena, at `where` bytes from its start: read in place
+  kCma = 2,    // at address `where` in the owner's process: process_vm_readv
+};
+
+struct RegionDesc {
+  uint32_t reach;  // Reach
+  uint32_t pad;
+  uint64_t where;
+};
+
+// One large call's buffers; two of them, the call number's parity picks one (a peer is at
+// most one call ahead, so the other one is never rewritten while someone reads it).
+struct alignas(kLine) CallDesc {
+  WireTag tag;
+  uint64_t bytes;
+  RegionDesc in, out;
+  uint64_t progress_base;  // the owner's progress counter when the call began
+};
+
+struct alignas(kPage) ControlHeader {
+  uint64_t magic;
+  uint32_t version;
+  int32_t pid;
+  uint64_t self_address;  // where the owner maps this segment (the process_vm_readv probe)
+  uint64_t segment_bytes;
+  uint32_t comm_size;
+  uint32_t local_size;
+  uint32_t local_index;
+  uint32_t slot_bytes;
+  uint32_t fragment_bytes;
+  uint32_t channel_slots;
+  uint64_t probe_word;  // a known value the process_vm_readv probe reads
+  // Set once by the owner when it fails (notify_peers): its comm_status_t and why.
+  std::atomic<uint32_t> error_code;
+  uint32_t error_len;
+  char error_text[kMaxErrorText];
+};
+
+// Cache lines after the header, in this order.
+struct alignas(kLine) ControlLines {
+  Futex doorbell;      // peers bump it and FUTEX_WAKE it when `sleeping` is set
+  Counter sleeping;    // the owner is (about to be) blocked in FUTEX_WAIT
+  Counter posted;      // the number of the last one-sided call posted
+  Counter progress;    // chunks published (monotonic over the communicator's life)
+  Counter finished;    // the number of the last one-sided call whose reads are over
+  CallDesc desc[2];
+};
+
+// One message fragment (or, for zero-copy, the whole message's address) in a channel.
+struct alignas(64) SlotHeader {
+  WireTag tag;
+  uint64_t total_bytes;  // the whole message
+  uint64_t offset;       // this fragment's place in it
+  uint64_t length;       // inline payload bytes that follow the header
+  uint32_t reach;        // Reach::kNone: inline; kArena / kCma: read the whole message from `where`
+  uint32_t pad;
+  uint64_t where;
+};
+static_assert(sizeof(SlotHeader) == 64);
+
+// A single-producer single-consumer ring from the segment's owner to one local peer.
+struct alignas(kLine) ChannelHead {
+  Counter head;  // slots filled (owner)
+  Counter tail;  // slots consumed (the receiving peer)
+};
+
+struct alignas(kPage) ArenaHeader {
+  uint64_t magic;
+  uint32_t version;
+  int32_t pid;
+  uint64_t self_address;
+  uint64_t bytes;
+  uint64_t probe_word;
+  uint64_t pid_ns;  // inode of the owner's pid namespace: pids mean nothing across namespaces
+};
+
+// Byte offsets of each part of a control segment for a given geometry.
+struct ControlGeometry {
+  size_t local_size = 1;
+  size_t slot_bytes = 0;      // one small-message slot (two per rank: call parity)
+  size_t fragment_bytes = 0;  // inline payload per channel slot
+
+  static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+  size_t lines_offset() const { return sizeof(ControlHeader); }
+  size_t slots_offset() const { return round_up(lines_offset() + sizeof(ControlLines), kPage); }
+  size_t slot_stride() const { return round_up(slot_bytes, kPage); }
+  size_t channel_stride() const {
+    return round_up(sizeof(ChannelHead) + kChannelSlots * slot_record(), kPage);
+  }
+  size_t slot_record() const { return sizeof(SlotHeader) + round_up(fragment_bytes, 64); }
+  size_t channels_offset() const { return slots_offset() + 2 * slot_stride(); }
+  size_t total() const { return channels_offset() + local_size * channel_stride(); }
+};
+
+}  // namespace comm::transport::shm

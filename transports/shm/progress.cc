@@ -1,0 +1,306 @@
+// Two-sided messages over shared memory: one single-producer ring per (sender, receiver),
+// in the sender's segment. Small messages are copied in and out in fragments; large ones
+// (from 64 KiB) are read once, by the receiver, straight from the sender's buffer
+// (its arena mapping, or process_vm_readv) -- the sender's request ends when the receiver
+// has consumed that slot. Matching is by posting order per peer, and every slot carries the
+// OpTag: a receiver whose posted tag differs fails with INVALID_USAGE naming both calls.
+#include <algorithm>
+#include <cstring>
+
+#include "transports/shm/shm_transport_impl.h"
+
+namespace comm::transport::shm {
+namespace {
+
+WireTag to_wire(const OpTag& t) {
+  WireTag w{};
+  w.seq = t.seq;
+  w.count = t.count;
+  w.root = t.root;
+  w.coll = static_cast<uint8_t>(t.coll);
+  w.dtype = t.dtype;
+  w.op = t.op;
+  return w;
+}
+
+OpTag from_wire(const WireTag& w) {
+  OpTag t;
+  t.seq = w.seq;
+  t.count = w.count;
+  t.root = w.root;
+  t.coll = static_cast<CollKind>(w.coll);
+  t.dtype = w.dtype;
+  t.op = w.op;
+  return t;
+}
+
+}  // namespace
+
+WireTag wire_tag(const OpTag& t) { return to_wire(t); }
+OpTag op_tag(const WireTag& w) { return from_wire(w); }
+
+ChannelHead* ShmTransport::channel_out(int i) const {
+  return reinterpret_cast<ChannelHead*>(peers_[static_cast<size_t>(me_)].channels +
+                                        static_cast<size_t>(i) * geometry_.control.channel_stride());
+}
+
+ChannelHead* ShmTransport::channel_in(int i) const {
+  return reinterpret_cast<ChannelHead*>(peers_[static_cast<size_t>(i)].channels +
+                                        static_cast<size_t>(me_) * geometry_.control.channel_stride());
+}
+
+SlotHeader* ShmTransport::slot_of(ChannelHead* ch, uint64_t n) const {
+  return reinterpret_cast<SlotHeader*>(reinterpret_cast<char*>(ch) + sizeof(ChannelHead) +
+                                       (n % kChannelSlots) * geometry_.control.slot_record());
+}
+
+// ---- requests --------------------------------------------------------------------------------
+
+Status ShmTransport::lookup(RequestId id, uint32_t* index) const {
+  const uint32_t i = id & (kPoolSize - 1);
+  const Request& r = pool_[i];
+  if (!r.active || r.generation != (id >> kPoolBits))
+    return InvalidArgument("shm transport: request id " + std::to_string(id) + " is unknown or already completed");
+  *index = i;
+  return Status::Ok();
+}
+
+void ShmTransport::release(uint32_t index) {
+  Request& r = pool_[index];
+  if (!r.active) return;  // the same id listed twice in one wait
+  r.active = false;
+  r.generation = (r.generation + 1) & ((1u << (32 - kPoolBits)) - 1);
+  if (r.generation == 0) r.generation = 1;
+  r.next = free_head_;
+  free_head_ = index;
+  --active_;
+}
+
+void ShmTransport::push(Queue& q, uint32_t index) {
+  pool_[index].next = kNil;
+  if (q.tail == kNil)
+    q.head = index;
+  else
+    pool_[q.tail].next = index;
+  q.tail = index;
+}
+
+uint32_t ShmTransport::pop(Queue& q) {
+  const uint32_t index = q.head;
+  q.head = pool_[index].next;
+  if (q.head == kNil) q.tail = kNil;
+  return index;
+}
+
+Status ShmTransport::post_request(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes,
+                                  RequestId* id) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (id == nullptr) return InvalidArgument("shm transport: null request id pointer");
+  const int i = local_of(peer);
+  if (peer == rank() || i < 0)
+    return InvalidArgument("shm transport: peer " + std::to_string(peer) + " is not another rank on this host (rank " +
+                           std::to_string(rank()) + ")");
+  if (buf == nullptr && bytes > 0)
+    return InvalidArgument("shm transport: null buffer for " + std::to_string(bytes) + " bytes");
+  if (free_head_ == kNil)
+    return Internal("shm transport: all " + std::to_string(kPoolSize) +
+                    " request slots are in use; every isend/irecv must be completed by wait() or test()");
+  const uint32_t index = free_head_;
+  Request& r = pool_[index];
+  free_head_ = r.next;
+  r.active = true;
+  r.is_send = is_send;
+  r.done = false;
+  r.peer = i;
+  r.tag = tag;
+  r.buf = buf;
+  r.bytes = bytes;
+  r.moved = 0;
+  r.until_tail = 0;
+  ++active_;
+  *id = (r.generation << kPoolBits) | index;
+  Peer& p = peers_[static_cast<size_t>(i)];
+  if (is_send) {
+    const bool idle = p.sends.empty();
+    push(p.sends, index);
+    if (idle) send_progress(i);  // eager: small messages leave before wait()
+    return Status::Ok();
+  }
+  push(p.recvs, index);
+  bool moved = false;
+  Status st = recv_progress(i, &moved);  // it may be waiting already
+  return st.ok() ? st : fail(st);
+}
+
+// ---- moving bytes ----------------------------------------------------------------------------
+
+Status ShmTransport::progress(bool* moved) {
+  if (active_ == 0) return Status::Ok();
+  for (int i = 0; i < static_cast<int>(peers_.size()); ++i) {
+    if (i == me_) continue;
+    Peer& p = peers_[static_cast<size_t>(i)];
+    if (!p.sends.empty() && send_progress(i)) *moved = true;
+    if (!p.acks.empty() && ack_progress(i)) *moved = true;
+    if (!p.recvs.empty()) COMM_RETURN_IF_ERROR(recv_progress(i, moved));
+  }
+  return Status::Ok();
+}
+
+bool ShmTransport::send_progress(int i) {
+  Peer& p = peers_[static_cast<size_t>(i)];
+  ChannelHead* ch = channel_out(i);
+  uint64_t head = ch->head.value.load(std::memory_order_relaxed);
+  uint64_t tail = ch->tail.value.load(std::memory_order_acquire);
+  const size_t frag = geometry_.control.fragment_bytes;
+  bool moved = false;
+  while (!p.sends.empty()) {
+    if (head - tail >= kChannelSlots) {
+      tail = ch->tail.value.load(std::memory_order_acquire);
+      if (head - tail >= kChannelSlots) break;
+    }
+    const uint32_t index = p.sends.head;
+    Request& r = pool_[index];
+    SlotHeader* sh = slot_of(ch, head);
+    sh->tag = to_wire(r.tag);
+    sh->total_bytes = r.bytes;
+    sh->reach = static_cast<uint32_t>(Reach::kNone);
+    uint64_t offset = 0;
+    if (r.moved == 0 && r.bytes >= geometry_.zero_copy_min) {
+      if (domain_->locate(r.buf, r.bytes, &offset)) {
+        sh->reach = static_cast<uint32_t>(Reach::kArena);
+        sh->where = offset;
+      } else if (cma()) {
+        sh->reach = static_cast<uint32_t>(Reach::kCma);
+        sh->where = reinterpret_cast<uint64_t>(r.buf);
+      }
+    }
+    if (sh->reach != static_cast<uint32_t>(Reach::kNone)) {
+      sh->offset = 0;
+      sh->length = 0;
+      ch->head.value.store(++head, std::memory_order_release);
+      r.until_tail = head;
+      pop(p.sends);
+      push(p.acks, index);
+    } else {
+      const size_t len = std::min(frag, r.bytes - r.moved);
+      if (len > 0) std::memcpy(sh + 1, r.buf + r.moved, len);
+      sh->offset = r.moved;
+      sh->length = len;
+      r.moved += len;
+      ch->head.value.store(++head, std::memory_order_release);
+      if (r.moved == r.bytes) {
+        r.done = true;
+        pop(p.sends);
+      }
+    }
+    moved = true;
+  }
+  if (moved) ring(i);
+  return moved;
+}
+
+bool ShmTransport::ack_progress(int i) {
+  Peer& p = peers_[static_cast<size_t>(i)];
+  const uint64_t tail = channel_out(i)->tail.value.load(std::memory_order_acquire);
+  bool moved = false;
+  while (!p.acks.empty() && pool_[p.acks.head].until_tail <= tail) {
+    pool_[pop(p.acks)].done = true;
+    moved = true;
+  }
+  return moved;
+}
+
+Status ShmTransport::recv_progress(int i, bool* moved) {
+  Peer& p = peers_[static_cast<size_t>(i)];
+  ChannelHead* ch = channel_in(i);
+  uint64_t tail = ch->tail.value.load(std::memory_order_relaxed);  // ours alone
+  const uint64_t head = ch->head.value.load(std::memory_order_acquire);
+  const size_t frag = geometry_.control.fragment_bytes;
+  const std::string us = "rank " + std::to_string(rank()) + " (this rank)";
+  bool any = false;
+  while (!p.recvs.empty() && tail < head) {
+    Request& r = pool_[p.recvs.head];
+    const SlotHeader* sh = slot_of(ch, tail);
+    const OpTag got = from_wire(sh->tag);
+    if (!(got == r.tag))
+      return fail(InvalidUsage(who(i) + " called " + describe(got) + " but " + us + " called " + describe(r.tag)));
+    if (sh->total_bytes != r.bytes)
+      return fail(InvalidUsage(who(i) + " sent " + std::to_string(sh->total_bytes) + " bytes for " + describe(got) +
+                               " but " + us + " expects " + std::to_string(r.bytes) + " bytes for it"));
+    const auto reach = static_cast<Reach>(sh->reach);
+    if (reach == Reach::kNone) {
+      if (sh->offset != r.moved || sh->length > frag || sh->length > r.bytes - r.moved)
+        return fail(Internal(who(i) + " wrote a malformed fragment of " + describe(got) + " (offset " +
+                             std::to_string(sh->offset) + ", " + std::to_string(sh->length) + " bytes)"));
+      if (sh->length > 0) std::memcpy(r.buf + r.moved, sh + 1, sh->length);
+      r.moved += sh->length;
+    } else if (reach == Reach::kArena && r.moved == 0) {
+      const int dom = p.dom;
+      const size_t arena = domain_->arena_bytes(dom);
+      if (sh->where > arena || r.bytes > arena - sh->where)
+        return fail(Internal(who(i) + " pointed outside its arena for " + describe(got)));
+      std::memcpy(r.buf, domain_->arena(dom) + sh->where, r.bytes);
+      r.moved = r.bytes;
+    } else if (reach == Reach::kCma && r.moved == 0) {
+      Status st = domain_->cma_read(p.dom, sh->where, r.buf, r.bytes);
+      if (!st.ok()) return fail(st.prefixed(who(i) + ": " + describe(got) + ": "));
+      r.moved = r.bytes;
+    } else {
+      return fail(Internal(who(i) + " wrote a slot of unknown kind " + std::to_string(sh->reach)));
+    }
+    ch->tail.value.store(++tail, std::memory_order_release);
+    any = true;
+    if (r.moved == r.bytes) {
+      r.done = true;
+      pop(p.recvs);
+    }
+  }
+  if (any) {
+    *moved = true;
+    ring(i);  // the sender may wait for room, or for a zero-copy read to end
+  }
+  return Status::Ok();
+}
+
+// ---- what a stuck wait looks at --------------------------------------------------------------
+
+Status ShmTransport::one_sided_disagreement(int i, const OpTag& mine) {
+  if (mine.coll == CollKind::kSendRecv) return Status::Ok();
+  const ControlLines* l = peers_[static_cast<size_t>(i)].lines;
+  const uint64_t posted = l->posted.value.load(std::memory_order_acquire);
+  if (posted == 0) return Status::Ok();
+  WireTag w;
+  std::memcpy(&w, &l->desc[posted % 2].tag, sizeof w);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (l->posted.value.load(std::memory_order_relaxed) != posted) return Status::Ok();  // moving on: look again later
+  const OpTag theirs = from_wire(w);
+  if (theirs.seq != mine.seq) return Status::Ok();
+  const std::string us = "rank " + std::to_string(rank()) + " (this rank)";
+  if (theirs == mine)
+    return InvalidUsage(who(i) + " runs " + describe(mine) + " with a one-sided shared-memory algorithm but " + us +
+                        " expects a message from it: do the ranks force different algorithms (COMM_ALGO)?");
+  return InvalidUsage(who(i) + " called " + describe(theirs) + " but " + us + " called " + describe(mine));
+}
+
+Status ShmTransport::channel_disagreement(int i, const OpTag& mine) {
+  ChannelHead* ch = channel_in(i);
+  const uint64_t tail = ch->tail.value.load(std::memory_order_relaxed);
+  const uint64_t head = ch->head.value.load(std::memory_order_acquire);
+  if (tail >= head) return Status::Ok();
+  const OpTag got = from_wire(slot_of(ch, tail)->tag);
+  if (got.coll == CollKind::kSendRecv || got.seq != mine.seq || got == mine) return Status::Ok();
+  return InvalidUsage(who(i) + " called " + describe(got) + " but rank " + std::to_string(rank()) +
+                      " (this rank) called " + describe(mine));
+}
+
+Status ShmTransport::request_stuck(const Request& r, bool timed_out, std::string* text) {
+  COMM_RETURN_IF_ERROR(check_alive(r.peer, describe(r.tag)));
+  COMM_RETURN_IF_ERROR(one_sided_disagreement(r.peer, r.tag));
+  if (!timed_out) return Status::Ok();
+  const std::string one = who(r.peer) + " (" + (r.is_send ? "send of " : "receive of ") + describe(r.tag) + ": " +
+                          std::to_string(r.moved) + " of " + std::to_string(r.bytes) + " bytes)";
+  if (text->find(one) == std::string::npos) *text += (text->empty() ? "" : "; ") + one;
+  return Status::Ok();
+}
+
+}  // namespace comm::transport::shm

@@ -1,0 +1,98 @@
+#include "transports/shm/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+namespace comm::transport::shm {
+
+Segment& Segment::operator=(Segment&& other) noexcept {
+  if (this != &other) {
+    reset();
+    name_ = std::move(other.name_);
+    base_ = std::exchange(other.base_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    fd_ = std::exchange(other.fd_, -1);
+    owner_linked_ = std::exchange(other.owner_linked_, false);
+  }
+  return *this;
+}
+
+Segment::~Segment() { reset(); }
+
+void Segment::reset() {
+  unlink();
+  if (base_ != nullptr) munmap(base_, bytes_);
+  if (fd_ >= 0) close(fd_);
+  base_ = nullptr;
+  bytes_ = 0;
+  fd_ = -1;
+}
+
+void Segment::unlink() {
+  if (!owner_linked_) return;
+  shm_unlink(name_.c_str());
+  owner_linked_ = false;
+}
+
+Status Segment::create(const std::string& name, size_t bytes, bool populate, Segment* out) {
+  Segment s;
+  s.name_ = name;
+  s.fd_ = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (s.fd_ < 0) return SystemError("shm_open(" + name + ") failed: " + errno_string(errno));
+  s.owner_linked_ = true;
+  if (ftruncate(s.fd_, static_cast<off_t>(bytes)) != 0)
+    return SystemError("ftruncate(" + name + ", " + std::to_string(bytes) + ") failed: " + errno_string(errno));
+  if (populate && fallocate(s.fd_, 0, 0, static_cast<off_t>(bytes)) != 0)
+    return SystemError("cannot reserve " + std::to_string(bytes) + " bytes of shared memory for " + name + ": " +
+                       errno_string(errno) + " (is /dev/shm full or too small?)");
+  int flags = MAP_SHARED | (populate ? MAP_POPULATE : MAP_NORESERVE);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, s.fd_, 0);
+  if (p == MAP_FAILED) return SystemError("mmap of " + name + " (" + std::to_string(bytes) + " bytes) failed: " +
+                                          errno_string(errno));
+  s.base_ = static_cast<char*>(p);
+  s.bytes_ = bytes;
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+Status Segment::open(const std::string& name, bool populate, Segment* out) {
+  Segment s;
+  s.name_ = name;
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0)
+    return SystemError("shm_open(" + name + ") of a local peer failed: " + errno_string(errno) +
+                       (errno == ENOENT ? " (does this rank see the same /dev/shm as its peer?)" : ""));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+    int err = errno;
+    close(fd);
+    return SystemError("fstat of " + name + " failed or it is empty: " + errno_string(err));
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  int flags = MAP_SHARED | (populate ? MAP_POPULATE : MAP_NORESERVE);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, fd, 0);
+  int err = errno;
+  close(fd);  // the mapping keeps the memory
+  if (p == MAP_FAILED)
+    return SystemError("mmap of a local peer's " + name + " (" + std::to_string(bytes) + " bytes) failed: " +
+                       errno_string(err));
+  s.base_ = static_cast<char*>(p);
+  s.bytes_ = bytes;
+  *out = std::move(s);
+  return Status::Ok();
+}
+
+std::string segment_name(const std::string& secret, const std::string& comm_id, int rank, char kind) {
+  std::string name = "/comm-" + secret.substr(0, 16) + "-" + comm_id + "-" + std::to_string(rank);
+  name.push_back(kind);
+  for (size_t i = 1; i < name.size(); ++i)
+    if (name[i] == '/') name[i] = '_';
+  return name;
+}
+
+}  // namespace comm::transport::shm

@@ -1,0 +1,221 @@
+// Shared-memory transport: requests, the wait loop's checks (peers' reported failures, dead
+// processes, abort) and failure propagation. Moving bytes is progress.cc's; one-sided calls
+// are local_access.cc's.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "log.h"
+#include "params.h"
+#include "transports/shm/shm_transport_impl.h"
+
+namespace comm::transport::shm {
+
+ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const std::vector<int>& world_ranks,
+                           std::shared_ptr<Domain> domain, Geometry geometry)
+    : Transport(std::move(options)),
+      local_ranks_(std::move(local_ranks)),
+      domain_(std::move(domain)),
+      geometry_(geometry) {
+  local_of_.assign(static_cast<size_t>(size()), -1);
+  peers_.resize(local_ranks_.size());
+  for (size_t i = 0; i < local_ranks_.size(); ++i) {
+    const int r = local_ranks_[i];
+    local_of_[static_cast<size_t>(r)] = static_cast<int>(i);
+    if (r == rank()) me_ = static_cast<int>(i);
+    peers_[i].rank = r;
+    const int world = world_ranks.empty() ? r : world_ranks[static_cast<size_t>(r)];
+    peers_[i].dom = domain_->index_of_world(world);
+  }
+  // Touched once here, reused for every message.
+  pool_.resize(kPoolSize);
+  for (uint32_t i = 0; i < kPoolSize; ++i) pool_[i].next = i + 1 < kPoolSize ? i + 1 : kNil;
+  free_head_ = 0;
+  // Spin long only when every local rank can have a core; otherwise sleep almost at once
+  // and leave the core to the peer we wait for (DESIGN.md: progress without burning the machine).
+  int64_t spin_us = -1;
+  if (!params::get_int("COMM_SHM_SPIN_US", -1, 1000000, &spin_us).ok()) spin_us = -1;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (spin_us < 0) spin_us = static_cast<long>(local_ranks_.size()) <= cores ? 200 : 2;
+  spin_ = std::chrono::microseconds(spin_us);
+}
+
+ShmTransport::~ShmTransport() {
+  for (int k = 0; k < 2; ++k)
+    if (stage_[k] != nullptr) domain_->free(stage_[k]);
+}
+
+int ShmTransport::local_of(int r) const {
+  return r >= 0 && r < size() ? local_of_[static_cast<size_t>(r)] : -1;
+}
+
+std::string ShmTransport::me() const {
+  return options_.comm_label + (options_.comm_label.empty() ? "" : " ") + "rank " + std::to_string(rank());
+}
+
+Status ShmTransport::usable() {
+  if (aborted_.load(std::memory_order_acquire) && failed_.code() != COMM_ERR_ABORTED)
+    failed_ = Aborted(me() + ": the transport was aborted (comm_abort); make a new communicator");
+  return failed_;
+}
+
+void ShmTransport::ring(int i) {
+  ControlLines* l = peers_[static_cast<size_t>(i)].lines;
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // our store, then their flag
+  if (l->sleeping.value.load(std::memory_order_seq_cst) == 0) return;
+  l->doorbell.word.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&l->doorbell.word);
+}
+
+void ShmTransport::ring_all() {
+  for (int i = 0; i < static_cast<int>(peers_.size()); ++i)
+    if (i != me_) ring(i);
+}
+
+void ShmTransport::abort() {
+  aborted_.store(true, std::memory_order_release);
+  if (my_lines_ == nullptr) return;
+  my_lines_->doorbell.word.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&my_lines_->doorbell.word);
+}
+
+void ShmTransport::wake() {
+  woken_.store(true, std::memory_order_release);
+  if (my_lines_ == nullptr) return;
+  my_lines_->doorbell.word.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&my_lines_->doorbell.word);
+}
+
+// A failure one local peer reported (notify_peers) ends every wait here, as an ERROR frame
+// does on a socket. INVALID_USAGE stays INVALID_USAGE: every rank then names the disagreement.
+Status ShmTransport::peer_errors() {
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (static_cast<int>(i) == me_) continue;
+    const ControlHeader* h = peers_[i].header;
+    const uint32_t code = h->error_code.load(std::memory_order_acquire);
+    if (code == 0) continue;
+    std::string text(h->error_text, std::min<size_t>(h->error_len, kMaxErrorText));
+    for (auto& ch : text)
+      if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f) ch = '?';
+    const comm_status_t status = code == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
+    return Status(status, who(static_cast<int>(i)) + " reported: " + text);
+  }
+  return Status::Ok();
+}
+
+Status ShmTransport::check_alive(int i, const std::string& during) {
+  const Peer& p = peers_[static_cast<size_t>(i)];
+  if (i == me_ || p.dom < 0 || !domain_->exited(p.dom)) return Status::Ok();
+  return RemoteError(who(i) + " (pid " + std::to_string(domain_->pid(p.dom)) + ", on this host) exited during " +
+                     during + " (did it crash or get killed?)");
+}
+
+void ShmTransport::notify_peers(const Status& failure) {
+  Status reason = failure.ok() ? Internal(me() + ": notify_peers called without a failure") : failure;
+  if (my_header_ != nullptr && my_header_->error_code.load(std::memory_order_relaxed) == 0) {
+    const std::string& text = reason.message();
+    const size_t len = std::min(text.size(), kMaxErrorText);
+    std::memcpy(my_header_->error_text, text.data(), len);
+    my_header_->error_len = static_cast<uint32_t>(len);
+    my_header_->error_code.store(static_cast<uint32_t>(reason.code()), std::memory_order_release);
+    // Everyone, sleeping or not: a peer may wait on someone else and must still end.
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (static_cast<int>(i) == me_) continue;
+      peers_[i].lines->doorbell.word.fetch_add(1, std::memory_order_seq_cst);
+      futex_wake_all(&peers_[i].lines->doorbell.word);
+    }
+    COMM_INFO(kNet, "%s: told its %zu local peer(s) that it failed: %s", me().c_str(), peers_.size() - 1,
+              text.c_str());
+  }
+  (void)fail(reason);
+}
+
+// ---- waits on requests -------------------------------------------------------------------
+
+Status ShmTransport::wait(const RequestId* ids, size_t n) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (n > 0 && ids == nullptr) return InvalidArgument("shm transport: null request id list");
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t index;
+    COMM_RETURN_IF_ERROR(lookup(ids[i], &index));
+  }
+  auto all_done = [&] {
+    for (size_t i = 0; i < n; ++i)
+      if (!pool_[ids[i] & (kPoolSize - 1)].done) return false;
+    return true;
+  };
+  Status st = await(
+      [&](bool* done, bool* moved) {
+        COMM_RETURN_IF_ERROR(progress(moved));
+        *done = all_done();
+        return Status::Ok();
+      },
+      [&](bool timed_out) {
+        std::string text;
+        for (size_t i = 0; i < n; ++i) {
+          const Request& r = pool_[ids[i] & (kPoolSize - 1)];
+          if (!r.done) COMM_RETURN_IF_ERROR(request_stuck(r, timed_out, &text));
+        }
+        if (timed_out)
+          return Timeout("no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
+                         std::to_string(rank()) + " waited on " + text +
+                         "; is that rank still running, and calling the same operation?");
+        return Status::Ok();
+      });
+  COMM_RETURN_IF_ERROR(st);
+  for (size_t i = 0; i < n; ++i) release(ids[i] & (kPoolSize - 1));
+  return Status::Ok();
+}
+
+Status ShmTransport::wait_some(const RequestId* ids, size_t n) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (n == 0) return Status::Ok();
+  if (ids == nullptr) return InvalidArgument("shm transport: null request id list");
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t index;
+    COMM_RETURN_IF_ERROR(lookup(ids[i], &index));
+  }
+  return await(
+      [&](bool* done, bool* moved) {
+        COMM_RETURN_IF_ERROR(progress(moved));
+        for (size_t i = 0; i < n && !*done; ++i) *done = pool_[ids[i] & (kPoolSize - 1)].done;
+        if (woken_.exchange(false, std::memory_order_acq_rel)) *done = true;
+        return Status::Ok();
+      },
+      [&](bool timed_out) {
+        std::string text;
+        for (size_t i = 0; i < n; ++i) {
+          const Request& r = pool_[ids[i] & (kPoolSize - 1)];
+          if (!r.done) COMM_RETURN_IF_ERROR(request_stuck(r, timed_out, &text));
+        }
+        if (timed_out)
+          return Timeout("no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
+                         std::to_string(rank()) + " waited on " + text +
+                         "; is that rank still running, and calling the same operation?");
+        return Status::Ok();
+      });
+}
+
+Status ShmTransport::test(RequestId id, bool* done) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (done == nullptr) return InvalidArgument("shm transport: null done pointer");
+  uint32_t index;
+  COMM_RETURN_IF_ERROR(lookup(id, &index));
+  Request& r = pool_[index];
+  if (!r.done) {
+    bool moved = false;
+    COMM_RETURN_IF_ERROR(progress(&moved));
+    Status st = peer_errors();
+    if (st.ok() && !r.done) {
+      std::string ignored;
+      st = request_stuck(r, false, &ignored);
+    }
+    if (!st.ok()) return fail(st);
+  }
+  *done = r.done;
+  if (*done) release(index);
+  return Status::Ok();
+}
+
+}  // namespace comm::transport::shm

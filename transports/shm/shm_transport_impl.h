@@ -1,0 +1,238 @@
+// The shared-memory transport's class, shared by its parts: setup.cc (segments, agreement),
+// shm_transport.cc (requests, waits, failures), progress.cc (the channels) and
+// local_access.cc (one-sided calls).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transports/shm/domain.h"
+#include "transports/shm/futex.h"
+#include "transports/shm/layout.h"
+#include "transports/shm/segment.h"
+#include "transports/shm/shm_transport.h"
+
+namespace comm::transport::shm {
+
+constexpr uint32_t kPoolBits = 10;
+constexpr uint32_t kPoolSize = 1u << kPoolBits;  // requests in flight at once
+constexpr uint32_t kNil = UINT32_MAX;
+constexpr long kSliceNs = 20 * 1000 * 1000;  // futex sleeps: abort, deaths and deadlines between slices
+
+WireTag wire_tag(const OpTag& t);
+OpTag op_tag(const WireTag& w);
+
+struct Geometry {
+  ControlGeometry control;
+  size_t zero_copy_min = 0;  // messages from this size are read from the sender's buffer
+};
+
+struct Request {
+  bool active = false;
+  bool is_send = false;
+  bool done = false;
+  int peer = -1;  // local index
+  OpTag tag;
+  char* buf = nullptr;
+  size_t bytes = 0;
+  size_t moved = 0;          // bytes copied into (send) or out of (receive) the channel so far
+  uint64_t until_tail = 0;   // zero-copy send: done once the receiver's tail reaches this
+  uint32_t next = kNil;      // the queue it is in
+  uint32_t generation = 1;
+};
+
+struct Queue {
+  uint32_t head = kNil;
+  uint32_t tail = kNil;
+  bool empty() const { return head == kNil; }
+};
+
+// One local peer as this rank sees it.
+struct Peer {
+  int rank = -1;        // in the communicator
+  int dom = -1;         // index in the domain (arenas, processes)
+  Segment mapping;      // its control segment (ours: ShmTransport::own_)
+  ControlHeader* header = nullptr;
+  ControlLines* lines = nullptr;
+  char* slots = nullptr;
+  char* channels = nullptr;
+  Queue sends, acks, recvs;
+  CallDesc desc{};      // its descriptor for the current call, copied at wait_posted()
+};
+
+class ShmTransport final : public Transport, public LocalAccess {
+ public:
+  ShmTransport(Options options, std::vector<int> local_ranks, const std::vector<int>& world_ranks,
+               std::shared_ptr<Domain> domain, Geometry geometry);
+  ~ShmTransport() override;
+
+  // setup.cc: this rank's segment, then every local peer's.
+  Status create_own(const std::string& secret, const std::string& comm_id);
+  Status map_peers(const std::string& secret, const std::string& comm_id, Store& store, Deadline deadline);
+  void unlink_own() { own_.unlink(); }
+
+  // ---- Transport
+  const char* name() const override { return "shm"; }
+  Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {
+    return post_request(true, peer, tag, static_cast<char*>(const_cast<void*>(buf)), bytes, id);
+  }
+  Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) override {
+    return post_request(false, peer, tag, static_cast<char*>(buf), bytes, id);
+  }
+  Status wait(const RequestId* ids, size_t n) override;
+  Status test(RequestId id, bool* done) override;
+  Status wait_some(const RequestId* ids, size_t n) override;
+  void wake() override;
+  void notify_peers(const Status& failure) override;
+  void abort() override;
+  LocalAccess* local() override { return this; }
+
+  // ---- LocalAccess (local_access.cc)
+  const std::vector<int>& local_ranks() const override { return local_ranks_; }
+  int local_index() const override { return me_; }
+  const std::vector<int>& host_of() const override { return options_.host_of; }
+  Status begin(const OpTag& tag) override;
+  size_t slot_bytes() const override { return geometry_.control.slot_bytes; }
+  char* slot(int i) override;
+  Status post() override;
+  Status wait_posted(int i) override;
+  Status expose(const void* in, void* out, size_t bytes, char** out_work) override;
+  const char* peer_addr(int i, Region region, size_t off, size_t len) override;
+  Status read(int i, Region region, size_t off, void* dst, size_t len) override;
+  void publish_progress(uint64_t value) override;
+  Status wait_progress(int i, uint64_t value) override;
+  Status finish() override;
+
+  // Whether peers may be read with process_vm_readv (agreed communicator-wide at setup).
+  bool cma() const { return domain_->cma(); }
+  int local_of(int rank) const;  // local index of a communicator rank, -1 if not local
+
+ private:
+  // ---- waits (shm_transport.cc)
+  // Spins, then sleeps on this rank's doorbell, until step() says done. step(&done, &moved)
+  // drives progress; slow(timed_out) runs between sleeps: deaths and disagreements of the
+  // peers this wait involves, and (timed_out) the TIMEOUT naming them. Bounded by timeout_ms
+  // of no progress; ends at once on abort or a peer's reported failure.
+  template <class Step, class Slow>
+  Status await(Step&& step, Slow&& slow);
+  Status usable();
+  Status fail(const Status& st) {
+    if (failed_.ok()) failed_ = st;
+    return failed_;
+  }
+  Status peer_errors();
+  Status check_alive(int i, const std::string& during);
+  // Wakes local peer i if it sleeps (after a store it may be waiting for).
+  void ring(int i);
+  void ring_all();
+  std::string me() const;
+  std::string who(int i) const { return "rank " + std::to_string(peers_[static_cast<size_t>(i)].rank); }
+
+  // ---- requests and channels (progress.cc)
+  Status post_request(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
+  Status lookup(RequestId id, uint32_t* index) const;
+  void release(uint32_t index);
+  void push(Queue& q, uint32_t index);
+  uint32_t pop(Queue& q);
+  Status progress(bool* moved);
+  bool send_progress(int i);
+  bool ack_progress(int i);
+  Status recv_progress(int i, bool* moved);
+  ChannelHead* channel_out(int i) const;  // this rank -> i, in this rank's segment
+  ChannelHead* channel_in(int i) const;   // i -> this rank, in i's segment
+  SlotHeader* slot_of(ChannelHead* ch, uint64_t n) const;
+  Status request_stuck(const Request& r, bool timed_out, std::string* text);
+  // A peer that runs a one-sided call with this sequence number while we expect a message.
+  Status one_sided_disagreement(int i, const OpTag& mine);
+  // A message from i for a collective with our sequence number but another tag.
+  Status channel_disagreement(int i, const OpTag& mine);
+
+  // ---- one-sided (local_access.cc)
+  Status wait_counter(int i, size_t which, uint64_t at_least, const char* what);
+  Status staging(int which, size_t bytes, char** out, uint64_t* offset);
+
+  std::vector<int> local_ranks_;
+  int me_ = 0;
+  std::vector<int> local_of_;  // communicator rank -> local index or -1
+  std::shared_ptr<Domain> domain_;
+  Geometry geometry_;
+  Segment own_;
+  std::vector<Peer> peers_;  // by local index; our own entry points at own_
+  ControlLines* my_lines_ = nullptr;
+  ControlHeader* my_header_ = nullptr;
+
+  std::vector<Request> pool_;
+  uint32_t free_head_ = kNil;
+  size_t active_ = 0;  // requests posted and not released
+
+  // One-sided call state.
+  uint64_t call_ = 0;        // calls begun
+  OpTag tag_;
+  const char* in_ = nullptr;
+  char* out_work_ = nullptr;
+  uint64_t progress_base_ = 0;
+  char* stage_[2] = {nullptr, nullptr};  // staging in this rank's arena: input, output
+  size_t stage_bytes_[2] = {0, 0};
+
+  std::chrono::nanoseconds spin_{0};
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> woken_{false};
+  Status failed_;
+};
+
+}  // namespace comm::transport::shm
+
+// ---- the one wait loop ------------------------------------------------------------------------
+namespace comm::transport::shm {
+
+template <class Step, class Slow>
+Status ShmTransport::await(Step&& step, Slow&& slow) {
+  using Clock = std::chrono::steady_clock;
+  COMM_RETURN_IF_ERROR(usable());
+  const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
+  auto last_move = Clock::now();
+  auto spin_until = last_move + spin_;
+  unsigned spins = 0;
+  for (;;) {
+    bool done = false, moved = false;
+    COMM_RETURN_IF_ERROR(step(&done, &moved));
+    if (done) return Status::Ok();
+    if (moved) {
+      last_move = Clock::now();
+      spin_until = last_move + spin_;
+      continue;
+    }
+    if (aborted_.load(std::memory_order_acquire)) return usable();
+    if ((++spins & 63u) != 0) {  // the clock only every 64 rounds: a spin round is ~30 ns
+      cpu_relax();
+      continue;
+    }
+    const auto now = Clock::now();
+    if (now < spin_until) continue;
+
+    COMM_RETURN_IF_ERROR(peer_errors());
+    const bool timed_out = now - last_move >= timeout;
+    COMM_RETURN_IF_ERROR(slow(timed_out));
+    if (timed_out) return fail(Timeout(me() + ": no progress for " + std::to_string(options_.timeout_ms) + " ms"));
+
+    // Sleep until a peer rings (it checks `sleeping` after each store we may wait for) or a
+    // slice passes. The flag is set before the last look, so no ring falls in between.
+    my_lines_->sleeping.value.store(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const uint32_t bell = my_lines_->doorbell.word.load(std::memory_order_seq_cst);
+    Status st = step(&done, &moved);
+    if (st.ok() && !done && !moved && !aborted_.load(std::memory_order_acquire))
+      futex_wait(&my_lines_->doorbell.word, bell, kSliceNs);
+    my_lines_->sleeping.value.store(0, std::memory_order_relaxed);
+    COMM_RETURN_IF_ERROR(st);
+    if (done) return Status::Ok();
+    last_move = moved ? Clock::now() : last_move;
+    spin_until = Clock::now() + (moved ? spin_ : std::chrono::nanoseconds(0));
+  }
+}
+
+}  // namespace comm::transport::shm
