@@ -156,15 +156,6 @@ unsigned hex_attr(const XmlNode& n, const char* key) {
   return static_cast<unsigned>(std::strtoul(n.attr(key).c_str(), nullptr, 16));
 }
 
-// NCCL's per-link NVLink bandwidth (GB/s) by compute capability (src/graph/topo.h).
-double nvlink_gbps_per_link(int sm) {
-  if (sm >= 100) return 40.1;
-  if (sm >= 90) return 20.6;
-  if (sm == 86) return 12.0;
-  if (sm >= 70) return 20.0;
-  return 18.0;
-}
-
 int popcount_affinity(const std::string& mask) {
   int bits = 0;
   for (char c : mask)

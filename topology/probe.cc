@@ -109,6 +109,14 @@ RdmaKind rdma_kind_from_name(const std::string& name, std::string* reason) {
   return RdmaKind::kUnknown;
 }
 
+double nvlink_gbps_per_link(int sm) {
+  if (sm >= 100) return 40.1;
+  if (sm >= 90) return 20.6;
+  if (sm == 86) return 12.0;
+  if (sm >= 70) return 20.0;
+  return 18.0;
+}
+
 void sort_gpus(Topology* topo) {
   std::stable_sort(topo->gpus.begin(), topo->gpus.end(),
                    [](const Gpu& a, const Gpu& b) { return a.busid < b.busid; });

@@ -32,6 +32,8 @@ void probe_interfaces(Topology* topo);
 // Helpers shared by the sources.
 RdmaKind rdma_kind_from_name(const std::string& name, std::string* reason);  // mlx5_0, efa0, irdma0...
 void sort_gpus(Topology* topo);  // PCI bus id order, indices renumbered
+// NCCL's per-link NVLink bandwidth (GB/s) by compute capability x10 (src/graph/topo.h).
+double nvlink_gbps_per_link(int sm);
 // The PCI function a sysfs device link resolves through ("/sys/class/net/eth0/device" ->
 // "0000:00:03.0"), or "" when it is not a PCI device.
 std::string sysfs_pci_busid(const std::string& device_link);

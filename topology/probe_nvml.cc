@@ -67,15 +67,6 @@ std::string busid_of(const nvmlPciInfo_t& info) {
   return buf;
 }
 
-double per_link_gbps(int major, int minor) {
-  int sm = major * 10 + minor;
-  if (sm >= 100) return 40.1;
-  if (sm >= 90) return 20.6;
-  if (sm == 86) return 12.0;
-  if (sm >= 70) return 20.0;
-  return 18.0;
-}
-
 }  // namespace
 
 void probe_nvml(Topology* topo) {
@@ -136,7 +127,7 @@ void probe_nvml(Topology* topo) {
       e.to = peer;
       e.links = links_kind.first;
       e.to_kind = links_kind.second;
-      e.gbps = e.links * per_link_gbps(major, minor);
+      e.gbps = e.links * nvlink_gbps_per_link(major * 10 + minor);
       if (e.to_kind == NvLink::End::kNvSwitch &&
           std::find(topo->nvswitches.begin(), topo->nvswitches.end(), peer) == topo->nvswitches.end())
         topo->nvswitches.push_back(peer);
