@@ -4,12 +4,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <thread>
 
 #include "algorithms/scratch.h"
 #include "dtype.h"
 #include "support/inproc_transport.h"
+#include "support/shm_fabric.h"
 
 namespace comm::testing {
 
@@ -315,8 +317,46 @@ std::string Case::label() const {
          " chunk=" + std::to_string(chunk);
 }
 
+namespace {
+
+Wire g_wire = Wire::kInproc;
+std::map<std::pair<Wire, int>, std::vector<std::unique_ptr<transport::Transport>>> g_real;
+
+// Runs body over the cached real transports of this wire and rank count.
+RunResult run_real(int n, size_t chunk_bytes, const std::function<Status(Context&, RunResult&)>& body) {
+  RunResult res;
+  res.status.resize(n);
+  res.chosen.resize(n);
+  auto& ts = g_real[{g_wire, n}];
+  if (ts.empty()) {
+    Status st = make_real_transports(g_wire == Wire::kShm ? one_host(n) : two_hosts(n), kTimeoutMs, &ts);
+    if (!st.ok()) {
+      ts.clear();
+      for (auto& s : res.status) s = st;
+      return res;
+    }
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Context ctx{*ts[static_cast<size_t>(r)], r, n, rank_scratch(r), chunk_bytes};
+      res.status[r] = body(ctx, res);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& st : res.status)
+    if (!st.ok()) ts.clear();  // broken: the next case gets fresh ones
+  return res;
+}
+
+}  // namespace
+
+void set_wire(Wire w) { g_wire = w; }
+void reset_wire_cache() { g_real.clear(); }
+
 RunResult run_ranks(int n, size_t chunk_bytes, int timeout_ms,
                     const std::function<Status(Context&, RunResult&)>& body) {
+  if (g_wire != Wire::kInproc && n > 1) return run_real(n, chunk_bytes, body);
   auto fabric = std::make_shared<comm::testing::InprocFabric>(n);
   RunResult res;
   res.status.resize(n);

@@ -37,6 +37,14 @@ struct RunResult {
 // Runs body on n rank threads, each with its own InprocTransport over one fresh fabric.
 RunResult run_ranks(int n, size_t chunk_bytes, int timeout_ms, const std::function<Status(Context&, RunResult&)>& body);
 
+// What run_case() runs over: the in-process double (default), or real transports kept per
+// rank count and reused across cases (recreated after a failure): shared memory among ranks
+// of one host, or ranks alternating between two "hosts" (shm inside, sockets between).
+enum class Wire { kInproc, kShm, kTwoHosts };
+void set_wire(Wire w);
+// Drops the cached real transports (e.g. after changing COMM_SHM_* in the environment).
+void reset_wire_cache();
+
 struct Case {
   CollKind kind = CollKind::kAllreduce;
   std::string algo;         // forced name

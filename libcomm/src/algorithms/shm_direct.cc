@@ -1,5 +1,9 @@
 #include "algorithms/shm_direct.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "log.h"
 #include "params.h"
 
@@ -23,8 +27,11 @@ DirectRun::DirectRun(Context& ctx, const CollArgs& args)
   n_ = static_cast<int>(la_.local_ranks().size());
   me_ = la_.local_index();
   esz_ = elem_size(args);
-  ce_ = shm_chunk_bytes() / esz_;
+  ce_ = std::min(shm_chunk_bytes(), ctx.chunk_bytes) / esz_;
   if (ce_ == 0) ce_ = 1;
+  // With more local ranks than cores, copying a peer's chunk as soon as it is reduced means a
+  // sleep and a wake-up per chunk; gather at the end instead, when the peers are done.
+  interleave_ = n_ <= sysconf(_SC_NPROCESSORS_ONLN);
   layout_ = BlockLayout{args.count, n_, false};
   gathered_.assign(static_cast<size_t>(n_), 0);
 }
@@ -74,6 +81,7 @@ Status DirectRun::reduce_slice(bool publish, int divide_by) {
     if (divide_by > 0 && args_.op == COMM_AVG) avg_finalize(acc, l, args_.dtype, divide_by);
     if (!publish) continue;
     la_.publish_progress(c + l);
+    if (!interleave_) continue;
     // One chunk behind: the peers are reducing the chunk we just did.
     for (int p = 0; p < n_; ++p)
       if (p != me_) COMM_RETURN_IF_ERROR(gather_upto(p, c < layout_.len(p) ? c : layout_.len(p)));

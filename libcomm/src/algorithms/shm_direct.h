@@ -40,6 +40,7 @@ class DirectRun {
   int me_ = 0;
   size_t esz_ = 0;
   size_t ce_ = 1;  // chunk, elements
+  bool interleave_ = true;  // copy peers' chunks while reducing ours (not when ranks outnumber cores)
   BlockLayout layout_;
   char* work_ = nullptr;
   char* staging_[3] = {nullptr, nullptr, nullptr};  // two operands read by copy, partial sums

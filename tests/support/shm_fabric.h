@@ -1,0 +1,23 @@
+// Real transports for ranks that are threads of this process: shared memory among ranks of one
+// "host" (the host of each rank is given, so one process can hold several hosts) and sockets
+// between hosts (per-peer routing), set up exactly as a communicator sets them up.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "status.h"
+#include "transports/transport.h"
+
+namespace comm::testing {
+
+// Creates one transport per rank (ranks as threads, over a fresh in-memory store).
+// host_of[r]: rank r's host; ranks on one host share memory, others use sockets.
+Status make_real_transports(const std::vector<int>& host_of, int timeout_ms,
+                            std::vector<std::unique_ptr<transport::Transport>>* out);
+
+// host_of for n ranks on one host, or on two hosts with ranks alternating between them.
+std::vector<int> one_host(int n);
+std::vector<int> two_hosts(int n);
+
+}  // namespace comm::testing

@@ -1,0 +1,217 @@
+// The shared-memory transport and the per-peer routing under transport.h's contract, ranks as
+// threads: messages of every size in posting order, tag checks, bounded waits, abort, peers'
+// failures, and nothing left in /dev/shm once the segments are mapped.
+#include <dirent.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/shm_fabric.h"
+#include "transports/transport.h"
+
+using comm::Status;
+using comm::transport::OpTag;
+using comm::transport::RequestId;
+using comm::transport::Transport;
+using namespace comm::testing;
+
+namespace {
+
+using Transports = std::vector<std::unique_ptr<Transport>>;
+using Clock = std::chrono::steady_clock;
+
+Transports make(const std::vector<int>& hosts, int timeout_ms) {
+  Transports t;
+  Status st = make_real_transports(hosts, timeout_ms, &t);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  return t;
+}
+
+OpTag tag_of(uint64_t seq, uint64_t count) {
+  OpTag t;
+  t.seq = seq;
+  t.coll = comm::transport::CollKind::kSendRecv;
+  t.count = count;
+  return t;
+}
+
+unsigned char pattern(int from, size_t msg, size_t i) {
+  return static_cast<unsigned char>((static_cast<size_t>(from) * 131 + msg * 17 + i * 7) % 251);
+}
+
+// Runs fn(rank) on one thread per transport; the statuses in rank order.
+template <class F>
+std::vector<Status> on_ranks(size_t n, F fn) {
+  std::vector<Status> out(n);
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < n; ++r) threads.emplace_back([&, r] { out[r] = fn(static_cast<int>(r)); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// Every rank sends each size to every other rank, all posted before any wait (more than a
+// channel holds), and checks every byte.
+void exchange_all_sizes(Transports& ts) {
+  const size_t sizes[] = {0, 1, 63, 65535, 65536, 65537, 262144, 262145, 3 << 20};
+  const int n = static_cast<int>(ts.size());
+  auto st = on_ranks(ts.size(), [&](int r) -> Status {
+    Transport& t = *ts[static_cast<size_t>(r)];
+    std::vector<std::vector<unsigned char>> out, in;
+    std::vector<RequestId> ids;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      for (size_t m = 0; m < std::size(sizes); ++m) {
+        out.emplace_back(sizes[m]);
+        for (size_t i = 0; i < sizes[m]; ++i) out.back()[i] = pattern(r, m, i);
+        in.emplace_back(sizes[m], 0);
+      }
+    }
+    size_t k = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      for (size_t m = 0; m < std::size(sizes); ++m, ++k) {
+        RequestId a = 0, b = 0;
+        COMM_RETURN_IF_ERROR(t.isend(p, tag_of(m, sizes[m]), out[k].data(), sizes[m], &a));
+        COMM_RETURN_IF_ERROR(t.irecv(p, tag_of(m, sizes[m]), in[k].data(), sizes[m], &b));
+        ids.push_back(a);
+        ids.push_back(b);
+      }
+    }
+    COMM_RETURN_IF_ERROR(t.wait(ids.data(), ids.size()));
+    k = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      for (size_t m = 0; m < std::size(sizes); ++m, ++k)
+        for (size_t i = 0; i < sizes[m]; ++i)
+          if (in[k][i] != pattern(p, m, i))
+            return comm::Internal("rank " + std::to_string(r) + ": message " + std::to_string(m) + " from " +
+                                  std::to_string(p) + " wrong at byte " + std::to_string(i));
+    }
+    return Status::Ok();
+  });
+  for (const auto& s : st) CHECK(s.message() == "");
+}
+
+size_t job_segments_in_dev_shm() {
+  size_t count = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind("comm-", 0) == 0 && std::string(e->d_name).find("shm-fabric-") != std::string::npos)
+        ++count;
+    closedir(d);
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("shm channels: every size arrives intact and in posting order, copied or read in place", "[shm]") {
+  for (const char* cma : {"1", "0"}) {
+    setenv("COMM_SHM_CMA", cma, 1);
+    INFO("COMM_SHM_CMA=" << cma);
+    Transports ts = make(one_host(3), 20000);
+    CHECK(std::string(ts[0]->name()) == "shm");
+    exchange_all_sizes(ts);
+  }
+  unsetenv("COMM_SHM_CMA");
+}
+
+TEST_CASE("routed: ranks on two hosts talk shm inside a host and sockets between, in one wait", "[shm]") {
+  Transports ts = make(two_hosts(4), 20000);
+  CHECK(std::string(ts[0]->name()) == "shm+socket");
+  REQUIRE(ts[0]->local() != nullptr);
+  CHECK(ts[0]->local()->local_ranks() == std::vector<int>{0, 2});
+  CHECK(ts[1]->local()->local_ranks() == std::vector<int>{1, 3});
+  CHECK(ts[3]->local()->host_of() == std::vector<int>{0, 1, 0, 1});
+  exchange_all_sizes(ts);
+}
+
+TEST_CASE("shm: nothing of the job is left in /dev/shm once every local rank has mapped it", "[shm]") {
+  Transports ts = make(one_host(4), 20000);
+  CHECK(job_segments_in_dev_shm() == 0);
+}
+
+TEST_CASE("shm: a receive whose tag differs from the message's is INVALID_USAGE naming both calls", "[shm]") {
+  Transports ts = make(one_host(2), 5000);
+  std::vector<float> a(7, 1.0f), b(7);
+  auto st = on_ranks(2, [&](int r) -> Status {
+    RequestId id = 0;
+    if (r == 0) {
+      COMM_RETURN_IF_ERROR(ts[0]->isend(1, tag_of(5, 7), a.data(), 28, &id));
+      return ts[0]->wait(&id, 1);
+    }
+    COMM_RETURN_IF_ERROR(ts[1]->irecv(0, tag_of(5, 8), b.data(), 28, &id));
+    return ts[1]->wait(&id, 1);
+  });
+  CHECK(st[0].ok());
+  CHECK(st[1].code() == COMM_ERR_INVALID_USAGE);
+  CHECK(st[1].message().find("count 7") != std::string::npos);
+  CHECK(st[1].message().find("count 8") != std::string::npos);
+}
+
+TEST_CASE("shm: a wait whose peer never sends ends in TIMEOUT naming that peer, within the timeout",
+          "[shm][deadline]") {
+  for (auto hosts : {one_host(2), two_hosts(2), two_hosts(4)}) {
+    Transports ts = make(hosts, 300);
+    const int peer = 1;
+    std::vector<char> buf(100);
+    RequestId id = 0;
+    REQUIRE(ts[0]->irecv(peer, tag_of(1, 100), buf.data(), buf.size(), &id).ok());
+    const auto t0 = Clock::now();
+    Status st = ts[0]->wait(&id, 1);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    INFO(ts[0]->name() << ": " << st.message() << " after " << ms << " ms");
+    CHECK(st.code() == COMM_ERR_TIMEOUT);
+    CHECK(st.message().find("rank 1") != std::string::npos);
+    CHECK(ms >= 250);
+    CHECK(ms < 3000);
+  }
+}
+
+TEST_CASE("shm: abort from another thread ends a blocked wait at once with ABORTED", "[shm][deadline]") {
+  Transports ts = make(one_host(2), 60000);
+  std::vector<char> buf(100);
+  RequestId id = 0;
+  REQUIRE(ts[0]->irecv(1, tag_of(1, 100), buf.data(), buf.size(), &id).ok());
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ts[0]->abort();
+  });
+  const auto t0 = Clock::now();
+  Status st = ts[0]->wait(&id, 1);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  aborter.join();
+  CHECK(st.code() == COMM_ERR_ABORTED);
+  CHECK(ms < 2000);
+}
+
+TEST_CASE("shm: a peer's reported failure ends this rank's wait: REMOTE, and INVALID_USAGE stays INVALID_USAGE",
+          "[shm][deadline]") {
+  for (comm_status_t code : {COMM_ERR_TIMEOUT, COMM_ERR_INVALID_USAGE}) {
+    Transports ts = make(one_host(3), 60000);
+    std::vector<char> buf(100);
+    RequestId id = 0;
+    // Rank 0 waits on rank 1, but rank 2 is the one that fails.
+    REQUIRE(ts[0]->irecv(1, tag_of(1, 100), buf.data(), buf.size(), &id).ok());
+    std::thread failer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ts[2]->notify_peers(Status(code, "rank 2 saw something odd"));
+    });
+    const auto t0 = Clock::now();
+    Status st = ts[0]->wait(&id, 1);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    failer.join();
+    INFO(st.message());
+    CHECK(st.code() == (code == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE));
+    CHECK(st.message().find("rank 2 saw something odd") != std::string::npos);
+    CHECK(ms < 2000);
+  }
+}
