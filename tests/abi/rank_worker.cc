@@ -4,7 +4,7 @@
 //   HASH <label> <fnv1a>      a result that must be bitwise identical on every rank
 //   FAIL <text>               a wrong result                      DONE <failures>
 //   READY / ITER <i> / END <status> <monotonic ms> <call ms> / DESTROY <status> <ms>
-// Modes: init | collectives | kill | garbage.
+// Modes: init | collectives | kill | garbage | shm.
 #include <time.h>
 #include <unistd.h>
 
@@ -267,6 +267,56 @@ int mode_kill() {
   return 0;
 }
 
+// comm_mem_alloc buffers (shared memory local peers read in place) on the world, a dup and an
+// even/odd split: all-reduces small and large, in and out of place, checked and hashed.
+int mode_shm() {
+  int rank = -1, n = -1;
+  comm_t world = init_or_report(&rank, &n);
+  if (!world) return 2;
+  Checker k(world, rank, n);
+  comm_t dup = nullptr, split = nullptr;
+  k.status(comm_dup(world, &dup), "comm_dup");
+  k.status(comm_split(world, rank % 2, rank, &split), "comm_split");
+  struct Case {
+    comm_dtype_t d;
+    comm_op_t op;
+    size_t count;
+  };
+  const Case cases[] = {{COMM_FLOAT32, COMM_SUM, 7},       {COMM_FLOAT32, COMM_SUM, 4099},
+                        {COMM_BFLOAT16, COMM_AVG, 1048579}, {COMM_INT64, COMM_MAX, 262147},
+                        {COMM_FLOAT32, COMM_SUM, 4194307}};
+  uint64_t seed = 100;
+  for (comm_t c : {world, dup, split}) {
+    if (c == nullptr) continue;
+    int r = -1, size = -1;
+    comm_rank(c, &r);
+    comm_size(c, &size);
+    const std::string which = c == world ? "world" : c == dup ? "dup" : "split" + std::to_string(rank % 2);
+    for (const Case& a : cases) {
+      for (bool in_place : {false, true}) {
+        const size_t bytes = a.count * dtype_size(a.d);
+        void* send = nullptr;
+        void* recv = nullptr;
+        const std::string what = which + " allreduce " + dtype_name(a.d) + " " + op_name(a.op) + " " +
+                                 std::to_string(a.count) + (in_place ? " in-place" : "") + " (comm_mem_alloc)";
+        if (!k.status(comm_mem_alloc(c, bytes, &send), what + ": comm_mem_alloc")) return 1;
+        if (!k.status(comm_mem_alloc(c, bytes, &recv), what + ": comm_mem_alloc")) return 1;
+        auto* src = static_cast<unsigned char*>(in_place ? recv : send);
+        fill_input(src, a.count, a.d, a.op, ++seed, r, 0);
+        if (!k.status(comm_allreduce(c, src, recv, a.count, a.d, a.op, nullptr), what)) return 1;
+        k.result(check_reduced(static_cast<unsigned char*>(recv), a.count, a.d, a.op, seed, size, 0), what);
+        k.hash(what, recv, bytes);
+        k.status(comm_mem_free(c, send), what + ": comm_mem_free");
+        k.status(comm_mem_free(c, recv), what + ": comm_mem_free");
+      }
+    }
+  }
+  for (comm_t c : {split, dup, world})
+    if (c != nullptr && comm_destroy(c) != COMM_OK) k.fail("comm_destroy failed");
+  say("DONE " + std::to_string(k.failures));
+  return k.failures ? 1 : 0;
+}
+
 // Many small collectives over a few seconds while the harness sprays garbage at every
 // listening port of the job.
 int mode_garbage() {
@@ -300,6 +350,7 @@ int main(int argc, char** argv) {
   if (mode == "collectives") return mode_collectives();
   if (mode == "kill") return mode_kill();
   if (mode == "garbage") return mode_garbage();
-  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage (with torchrun's environment)\n");
+  if (mode == "shm") return mode_shm();
+  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm (with torchrun's environment)\n");
   return 64;
 }

@@ -1,0 +1,250 @@
+// Real processes for the ABI tests: rank_worker started N times with posix_spawn and
+// torchrun's environment, each writing one fact per line to its own file, judged afterwards.
+#pragma once
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness.h"
+
+extern char** environ;
+
+#ifndef ABI_RANK_WORKER
+#define ABI_RANK_WORKER "rank_worker"
+#endif
+
+namespace abi {
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+inline std::string worker_path() {
+  const char* p = std::getenv("ABI_RANK_WORKER");
+  return p && *p ? p : ABI_RANK_WORKER;
+}
+
+// A scratch directory for the ranks' output, removed with the test.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/abi-processes-XXXXXX";
+    const char* d = mkdtemp(tmpl);
+    path_ = d ? d : "/tmp";
+  }
+  ~TempDir() {
+    if (path_ == "/tmp") return;
+    if (DIR* dir = opendir(path_.c_str())) {
+      while (dirent* e = readdir(dir)) {
+        if (e->d_name[0] != '.') unlink((path_ + "/" + e->d_name).c_str());
+      }
+      closedir(dir);
+    }
+    rmdir(path_.c_str());
+  }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Our environment without anything a launcher or libcomm would read, so only what a test
+// sets reaches the ranks (COMM_DEBUG stays: it only changes logging).
+inline std::vector<std::string> clean_environment() {
+  static const char* const drop[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=",
+                                     "MASTER_ADDR=", "MASTER_PORT=", "TORCHELASTIC_", "OMPI_", "PMI", "SLURM_",
+                                     "NCCL_", "UCX_"};
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string s(*e);
+    bool keep = true;
+    for (const char* d : drop) keep = keep && s.rfind(d, 0) != 0;
+    if (s.rfind("COMM_", 0) == 0 && s.rfind("COMM_DEBUG", 0) != 0) keep = false;
+    if (keep) env.push_back(s);
+  }
+  return env;
+}
+
+struct Proc {
+  pid_t pid = -1;
+  std::string out_path;
+  int wstatus = 0;
+  bool reaped = false;
+  bool killed_by_harness = false;
+  std::string output() const {
+    std::ifstream f(out_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  bool exited_zero() const { return reaped && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0; }
+  std::string how() const {
+    if (!reaped) return "still running";
+    if (killed_by_harness) return "killed by the harness at its deadline";
+    if (WIFEXITED(wstatus)) return "exit " + std::to_string(WEXITSTATUS(wstatus));
+    if (WIFSIGNALED(wstatus)) return "signal " + std::to_string(WTERMSIG(wstatus));
+    return "?";
+  }
+};
+
+inline Proc spawn_worker(const std::string& mode, const Env& env, const std::string& out_path) {
+  Proc p;
+  p.out_path = out_path;
+  std::vector<std::string> envs = clean_environment();
+  for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : envs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string path = worker_path();
+  std::string m = mode;
+  char* argv[] = {path.data(), m.data(), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  if (posix_spawn(&p.pid, path.c_str(), &fa, nullptr, argv, envp.data()) != 0) p.pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return p;
+}
+
+// torchrun's variables for rank r of n, then the test's overrides (same name: override wins).
+inline Env torchrun_env(int r, int n, int port, int timeout_ms, const Env& extra = {}) {
+  Env env = {{"RANK", std::to_string(r)},
+             {"WORLD_SIZE", std::to_string(n)},
+             {"LOCAL_RANK", std::to_string(r)},
+             {"LOCAL_WORLD_SIZE", std::to_string(n)},
+             {"MASTER_ADDR", "127.0.0.1"},
+             {"MASTER_PORT", std::to_string(port)},
+             {"COMM_TIMEOUT_MS", std::to_string(timeout_ms)}};
+  for (const auto& [k, v] : extra) {
+    bool replaced = false;
+    for (auto& e : env) {
+      if (e.first == k) {
+        e.second = v;
+        replaced = true;
+      }
+    }
+    if (!replaced) env.emplace_back(k, v);
+  }
+  return env;
+}
+
+// Waits for every process until deadline (steady ms); kills and reaps those still running.
+// Returns true when all ended by themselves.
+inline bool wait_all(std::vector<Proc>& procs, double deadline) {
+  for (;;) {
+    bool all = true;
+    for (Proc& p : procs) {
+      if (p.reaped || p.pid < 0) continue;
+      if (waitpid(p.pid, &p.wstatus, WNOHANG) == p.pid) {
+        p.reaped = true;
+      } else {
+        all = false;
+      }
+    }
+    if (all) return true;
+    if (now_ms() > deadline) break;
+    usleep(5000);
+  }
+  for (Proc& p : procs) {
+    if (p.reaped || p.pid < 0) continue;
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, &p.wstatus, 0);
+    p.reaped = true;
+    p.killed_by_harness = true;
+  }
+  return false;
+}
+
+inline std::vector<Proc> launch(const TempDir& dir, const std::string& mode, int n,
+                         const std::function<Env(int rank)>& env_of) {
+  std::vector<Proc> procs;
+  for (int r = 0; r < n; ++r) {
+    procs.push_back(spawn_worker(mode, env_of(r), dir.file(mode + "-rank" + std::to_string(r) + ".out")));
+  }
+  return procs;
+}
+
+// The rest of the first line that starts with prefix.
+inline std::optional<std::string> line_after(const std::string& out, const std::string& prefix) {
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+  }
+  return std::nullopt;
+}
+
+struct InitLine {
+  bool present = false;
+  int status = -1;
+  long ms = -1;
+  std::string message;
+};
+inline InitLine init_line(const std::string& out) {
+  InitLine l;
+  if (auto s = line_after(out, "INIT ")) {
+    l.present = true;
+    std::istringstream(*s) >> l.status >> l.ms;
+  }
+  l.message = line_after(out, "MSG ").value_or("");
+  return l;
+}
+
+inline std::string describe_all(const std::vector<Proc>& procs) {
+  std::string s;
+  for (size_t r = 0; r < procs.size(); ++r) {
+    std::string out = procs[r].output();
+    if (out.size() > 4000) out = out.substr(0, 2000) + "\n...\n" + out.substr(out.size() - 2000);
+    s += "--- rank " + std::to_string(r) + " (" + procs[r].how() + "):\n" + out;
+  }
+  return s;
+}
+
+// One process's init with the given environment; the test judges the INIT/MSG lines.
+struct Single {
+  Proc proc;
+  InitLine init;
+};
+inline Single run_single(const TempDir& dir, const std::string& name, const Env& env, double limit_ms) {
+  Single s;
+  s.proc = spawn_worker("init", env, dir.file(name + ".out"));
+  std::vector<Proc> procs{s.proc};
+  wait_all(procs, now_ms() + limit_ms);
+  s.proc = procs[0];
+  s.init = init_line(s.proc.output());
+  return s;
+}
+
+
+}  // namespace abi
