@@ -122,6 +122,15 @@ struct alignas(kPage) ArenaHeader {
   uint64_t pid_ns;  // inode of the owner's pid namespace: pids mean nothing across namespaces
 };
 
+// The head of a small-message slot: the call number, written last, shares its cache line
+// with the tag and the first 32 bytes of data, so a reader waiting on it pulls all three in
+// one transfer (NCCL's LL protocol does the same with its flags).
+struct SlotHead {
+  std::atomic<uint64_t> call;
+  WireTag tag;
+};
+static_assert(sizeof(SlotHead) == 32);
+
 // Byte offsets of each part of a control segment for a given geometry.
 struct ControlGeometry {
   size_t local_size = 1;
@@ -131,7 +140,7 @@ struct ControlGeometry {
   static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
   size_t lines_offset() const { return sizeof(ControlHeader); }
   size_t slots_offset() const { return round_up(lines_offset() + sizeof(ControlLines), kPage); }
-  size_t slot_stride() const { return round_up(slot_bytes, kPage); }
+  size_t slot_stride() const { return round_up(sizeof(SlotHead) + slot_bytes, kPage); }
   size_t channel_stride() const {
     return round_up(sizeof(ChannelHead) + kChannelSlots * slot_record(), kPage);
   }

@@ -26,6 +26,7 @@ Status ShmTransport::begin(const OpTag& tag) {
   COMM_RETURN_IF_ERROR(usable());
   ++call_;
   tag_ = tag;
+  small_call_ = true;
   in_ = nullptr;
   out_work_ = nullptr;
   CallDesc& d = my_lines_->desc[call_ % 2];
@@ -38,11 +39,18 @@ Status ShmTransport::begin(const OpTag& tag) {
   return Status::Ok();
 }
 
-char* ShmTransport::slot(int i) {
-  return peers_[static_cast<size_t>(i)].slots + (call_ % 2) * geometry_.control.slot_stride();
+SlotHead* ShmTransport::slot_head(int i) {
+  return reinterpret_cast<SlotHead*>(peers_[static_cast<size_t>(i)].slots + (call_ % 2) * geometry_.control.slot_stride());
 }
 
+char* ShmTransport::slot(int i) { return reinterpret_cast<char*>(slot_head(i)) + sizeof(SlotHead); }
+
 Status ShmTransport::post() {
+  if (small_call_) {
+    SlotHead* h = slot_head(me_);
+    h->tag = wire_tag(tag_);
+    h->call.store(call_, std::memory_order_release);
+  }
   my_lines_->posted.value.store(call_, std::memory_order_release);
   ring_all();
   return Status::Ok();
@@ -70,8 +78,42 @@ Status ShmTransport::wait_counter(int i, size_t which, uint64_t at_least, const 
       });
 }
 
+// Small calls: the peer's slot head carries its call number and tag in one cache line.
+Status ShmTransport::wait_slot(int i) {
+  SlotHead* h = slot_head(i);
+  if (h->call.load(std::memory_order_acquire) < call_) {
+    COMM_RETURN_IF_ERROR(await(
+        [&](bool* done, bool* moved) {
+          *done = h->call.load(std::memory_order_acquire) >= call_;
+          return *done ? Status::Ok() : progress(moved);
+        },
+        [&](bool timed_out) {
+          COMM_RETURN_IF_ERROR(check_alive(i, describe(tag_)));
+          COMM_RETURN_IF_ERROR(channel_disagreement(i, tag_));
+          // A peer that posted this call number through its descriptor only runs another call.
+          const ControlLines* l = peers_[static_cast<size_t>(i)].lines;
+          if (l->posted.value.load(std::memory_order_acquire) >= call_) {
+            const OpTag theirs = op_tag(l->desc[call_ % 2].tag);
+            if (!(theirs == tag_))
+              return InvalidUsage(who(i) + " called " + describe(theirs) + " but rank " + std::to_string(rank()) +
+                                  " (this rank) called " + describe(tag_));
+          }
+          if (!timed_out) return Status::Ok();
+          return Timeout("no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
+                         std::to_string(rank()) + " waited on " + who(i) + " (its part of " + describe(tag_) +
+                         " over shared memory); is that rank still running, and calling the same operation?");
+        }));
+  }
+  const OpTag theirs = op_tag(h->tag);
+  if (!(theirs == tag_))
+    return fail(InvalidUsage(who(i) + " called " + describe(theirs) + " but rank " + std::to_string(rank()) +
+                             " (this rank) called " + describe(tag_)));
+  return Status::Ok();
+}
+
 Status ShmTransport::wait_posted(int i) {
   if (i == me_) return Status::Ok();
+  if (small_call_) return wait_slot(i);
   COMM_RETURN_IF_ERROR(wait_counter(i, kPosted, call_, "its part of"));
   Peer& p = peers_[static_cast<size_t>(i)];
   // It is at most one call ahead: this call's descriptor is not rewritten before we finish.
@@ -101,6 +143,7 @@ Status ShmTransport::staging(int which, size_t bytes, char** out, uint64_t* offs
 
 Status ShmTransport::expose(const void* in, void* out, size_t bytes, char** out_work) {
   COMM_RETURN_IF_ERROR(usable());
+  small_call_ = false;
   CallDesc& d = my_lines_->desc[call_ % 2];
   d.bytes = bytes;
   in_ = static_cast<const char*>(in);

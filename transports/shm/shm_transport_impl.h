@@ -153,6 +153,8 @@ class ShmTransport final : public Transport, public LocalAccess {
 
   // ---- one-sided (local_access.cc)
   Status wait_counter(int i, size_t which, uint64_t at_least, const char* what);
+  Status wait_slot(int i);
+  SlotHead* slot_head(int i);
   Status staging(int which, size_t bytes, char** out, uint64_t* offset);
 
   std::vector<int> local_ranks_;
@@ -171,6 +173,7 @@ class ShmTransport final : public Transport, public LocalAccess {
 
   // One-sided call state.
   uint64_t call_ = 0;        // calls begun
+  bool small_call_ = false;  // posted through the slots (no expose)
   OpTag tag_;
   const char* in_ = nullptr;
   char* out_work_ = nullptr;

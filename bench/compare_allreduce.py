@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Intra-node all-reduce: libcomm against Open MPI and Gloo on this machine (issue 3's benchmark).
+
+  bench/compare_allreduce.py                      # 2 ranks, fp32 sum, 8 B .. 256 MiB, 3 rounds
+  bench/compare_allreduce.py --np 4 --max 64M     # more ranks than cores: MPI with --oversubscribe
+
+Every round runs, one after the other so that a shared machine's drifts hit all alike:
+  copy-bandwidth     B = read+write bandwidth one core gets while the other cores copy too
+  libcomm            comm-bench (comm-run, pinned rank i -> CPU i), ordinary buffers (-R 0)
+  libcomm -R 1       comm-bench on comm_mem_alloc buffers (shared memory peers read in place)
+  mpi                comm-bench-mpi under mpirun --bind-to core (rank i -> core i), as installed
+  mpi malloc         the same with glibc's mmap threshold off (-x MALLOC_MMAP_MAX_=0
+                     -x MALLOC_TRIM_THRESHOLD_=68719476736): no fresh 64 MiB temporary per call
+  gloo ALGO          comm-bench-gloo (TCP loopback, comm-run), for each Gloo algorithm
+All blocking calls (-z 1), time = max over ranks of the mean of -n iterations. Per size the
+summary takes the median over rounds; Open MPI counts at its best (the faster of its two
+variants at each size), Gloo at its best algorithm. Ratios > 1: libcomm is faster.
+Limits: ordinary buffers must move >= 3.5x the buffer per rank (B / 3.5), comm_mem_alloc
+buffers 2.5x (B / 2.5); the targets are checked at the end. Logs and JSON go to --out.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+
+
+def variants(args, build):
+    bench = os.path.join(build, "bench")
+    run = os.path.join(build, "tools", "comm-run", "comm-run")
+    mpi = ["mpirun", "--allow-run-as-root", "-np", str(args.np), "--bind-to", "core", "--map-by", "core"]
+    if args.np > (os.cpu_count() or 1):
+        mpi += ["--oversubscribe", "--bind-to", "none"]
+    local = [run, "-n", str(args.np), "--quiet-prefix", "--"]
+    out = [("libcomm", local + [os.path.join(bench, "comm-bench"), "-R", "0"], {}),
+           ("libcomm -R 1", local + [os.path.join(bench, "comm-bench"), "-R", "1"], {})]
+    if "mpi" in args.peers:
+        prog = os.path.join(bench, "comm-bench-mpi")
+        out.append(("mpi", mpi + [prog], {}))
+        malloc = []
+        for k, v in MALLOC_ENV.items():
+            malloc += ["-x", f"{k}={v}"]
+        out.append(("mpi malloc", mpi + malloc + [prog], {}))
+    if "gloo" in args.peers:
+        for algo in args.gloo_algos.split(","):
+            out.append((f"gloo {algo}", local + [os.path.join(bench, "comm-bench-gloo"), "--algo", algo], {}))
+    for name, cmd, _ in out:
+        prog = next(c for c in cmd if c.startswith(bench))
+        if not os.path.exists(prog):
+            sys.exit(f"compare_allreduce.py: {prog} is not built ({name}); apt-get install openmpi-bin "
+                     "libopenmpi-dev libgloo-dev, then meson setup --reconfigure and ninja")
+    return out
+
+
+def copy_bandwidth(args, build):
+    prog = os.path.join(build, "bench", "copy-bandwidth")
+    done = subprocess.run([prog, "-n", str(min(args.np, os.cpu_count() or 1)), "-t", "2"], stdout=subprocess.PIPE,
+                          text=True, check=True)
+    m = re.search(r"^B (\S+) GB/s", done.stdout, re.M)
+    return float(m.group(1)), done.stdout
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--min", default="8")
+    ap.add_argument("--max", default="256M")
+    ap.add_argument("--factor", default="2")
+    ap.add_argument("--iters", default="20")
+    ap.add_argument("--warmup", default="5")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--peers", default="mpi,gloo")
+    ap.add_argument("--gloo-algos", default="ring,ring_chunked,halving_doubling")
+    ap.add_argument("--place", choices=["in_place", "out_of_place"], default="out_of_place",
+                    help="which half of the table to compare (Gloo is in place only: its out-of-place time "
+                         "includes a copy)")
+    ap.add_argument("--build", default=os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    build = os.path.abspath(args.build)
+    out_dir = args.out or os.path.join(HERE, "results", time.strftime("allreduce-%Y%m%d-%H%M%S"))
+    os.makedirs(out_dir, exist_ok=True)
+    bench_args = ["-b", args.min, "-e", args.max, "-f", args.factor, "-n", args.iters, "-w", args.warmup,
+                  "-z", "1", "-d", "float", "-o", "sum"]
+
+    runs = variants(args, build)
+    names = [n for n, _, _ in runs]
+    rows = {}  # name -> size -> {"time_us": [...], "busbw": [...]} for args.place
+    limits = []
+    for rnd in range(1, args.rounds + 1):
+        b, text = copy_bandwidth(args, build)
+        limits.append(b)
+        with open(os.path.join(out_dir, f"copy-bandwidth.round{rnd}.log"), "w") as f:
+            f.write(text)
+        for name, cmd, env in runs:
+            stem = os.path.join(out_dir, f"{name.replace(' ', '_')}.round{rnd}")
+            full = cmd + bench_args + ["--json", stem + ".json", "--label", name]
+            print(f"# round {rnd}/{args.rounds}: {name}: {' '.join(full)}", file=sys.stderr, flush=True)
+            done = subprocess.run(full, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+            with open(stem + ".log", "w") as f:
+                f.write(done.stdout)
+            if done.returncode != 0:
+                sys.stderr.write(done.stdout[-3000:])
+                sys.exit(f"compare_allreduce.py: {name} failed (status {done.returncode}); log in {stem}.log")
+            with open(stem + ".json") as f:
+                for row in json.load(f)["rows"]:
+                    r = rows.setdefault(name, {}).setdefault(row["size"], {"time_us": [], "busbw": []})
+                    r["time_us"].append(row[args.place]["time_us"])
+                    r["busbw"].append(row[args.place]["busbw"])
+
+    med = {n: {s: {k: statistics.median(v) for k, v in d.items()} for s, d in rows[n].items()} for n in names}
+    gloo = [n for n in names if n.startswith("gloo")]
+    mpi = [n for n in names if n.startswith("mpi")]
+    B = statistics.median(limits)
+    sizes = sorted(med["libcomm"])
+
+    def best(group, s, key):
+        vals = [med[n][s][key] for n in group if s in med[n]]
+        if not vals:
+            return float("nan")
+        return max(vals) if key == "busbw" else min(vals)
+
+    print(f"# all-reduce float32 sum, {args.np} ranks, {args.place.replace('_', ' ')}, blocking calls; "
+          f"median of {args.rounds} alternating rounds")
+    print(f"# B (read+write GB/s per core, all cores copying) = {B:.2f} (rounds: "
+          + ", ".join(f"{x:.2f}" for x in limits) + f"); B/3.5 = {B / 3.5:.2f}, B/2.5 = {B / 2.5:.2f} GB/s")
+    head = ["libcomm", "libcomm -R 1"] + (["mpi best"] if mpi else []) + (["gloo best"] if gloo else [])
+    print("#" + f"{'size (B)':>11}" + "".join(f"{h + ' us':>18}" for h in head) +
+          "".join(f"{h + ' GB/s':>18}" for h in head) +
+          (f"{'x mpi':>9}{'-R1 x mpi':>11}" if mpi else "") + (f"{'x gloo':>9}" if gloo else ""))
+    summary = {"np": args.np, "place": args.place, "rounds": args.rounds, "B": B, "B_rounds": limits,
+               "bench_args": bench_args, "names": names, "sizes": []}
+    for s in sizes:
+        t = {"libcomm": med["libcomm"][s]["time_us"], "libcomm -R 1": med["libcomm -R 1"][s]["time_us"]}
+        bw = {"libcomm": med["libcomm"][s]["busbw"], "libcomm -R 1": med["libcomm -R 1"][s]["busbw"]}
+        if mpi:
+            t["mpi best"], bw["mpi best"] = best(mpi, s, "time_us"), best(mpi, s, "busbw")
+        if gloo:
+            t["gloo best"], bw["gloo best"] = best(gloo, s, "time_us"), best(gloo, s, "busbw")
+        line = f"{s:>12}" + "".join(f"{t[h]:>18.2f}" for h in head) + "".join(f"{bw[h]:>18.3f}" for h in head)
+        entry = {"size": s, "time_us": t, "busbw": bw,
+                 "variants": {n: med[n].get(s) for n in names}}
+        if mpi:
+            entry["x_mpi"] = t["mpi best"] / t["libcomm"]
+            entry["x_mpi_R1"] = t["mpi best"] / t["libcomm -R 1"]
+            line += f"{entry['x_mpi']:>9.2f}{entry['x_mpi_R1']:>11.2f}"
+        if gloo:
+            entry["x_gloo"] = t["gloo best"] / t["libcomm"]
+            line += f"{entry['x_gloo']:>9.2f}"
+        summary["sizes"].append(entry)
+        print(line)
+
+    def at(size):
+        return next((e for e in summary["sizes"] if e["size"] == size), None)
+
+    print("# targets (issue 3):")
+    checks = []
+    e64, e16 = at(64 << 20), at(16 << 20)
+    if e64:
+        checks.append(("ordinary buffers >= 80% of B/3.5 at 64 MiB", e64["busbw"]["libcomm"] / (B / 3.5)))
+        checks.append(("comm_mem_alloc buffers >= 80% of B/2.5 at 64 MiB", e64["busbw"]["libcomm -R 1"] / (B / 2.5)))
+    for e, what in ((e16, "16 MiB"), (e64, "64 MiB")):
+        if e and mpi:
+            checks.append((f"ordinary buffers >= 1.3x Open MPI's busbw at {what}", e["x_mpi"]))
+    if e64 and mpi:
+        checks.append(("comm_mem_alloc buffers >= 2x Open MPI at 64 MiB", e64["x_mpi_R1"]))
+    small = [e for e in summary["sizes"] if e["size"] <= 4096 and mpi]
+    if small:
+        worst = min(small, key=lambda e: e["x_mpi"])
+        checks.append((f"time <= Open MPI's from {small[0]['size']} B to 4 KiB (worst: {worst['size']} B)",
+                       worst["x_mpi"]))
+    need = {"80%": 0.8, "1.3x": 1.3, "2x": 2.0, "time <=": 1.0}
+    summary["targets"] = []
+    for what, value in checks:
+        goal = next(v for k, v in need.items() if k in what)
+        ok = value >= goal
+        summary["targets"].append({"target": what, "value": value, "met": ok})
+        print(f"#   {'met    ' if ok else 'MISSED '} {what}: {value:.2f}"
+              + (" of the limit" if "%" in what else "x"))
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"# logs, JSON and summary.json in {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
