@@ -73,6 +73,8 @@ class LocalAccess {
   virtual const std::vector<int>& local_ranks() const = 0;
   virtual int local_index() const = 0;
   virtual const std::vector<int>& host_of() const = 0;
+  virtual int hosts() const = 0;           // how many hosts the communicator spans
+  virtual int ranks_per_host() const = 0;  // 0 when hosts hold different numbers of ranks
 
   virtual Status begin(const OpTag& tag) = 0;
 

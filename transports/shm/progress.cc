@@ -216,17 +216,17 @@ Status ShmTransport::recv_progress(int i, bool* moved) {
   uint64_t tail = ch->tail.value.load(std::memory_order_relaxed);  // ours alone
   const uint64_t head = ch->head.value.load(std::memory_order_acquire);
   const size_t frag = geometry_.control.fragment_bytes;
-  const std::string us = "rank " + std::to_string(rank()) + " (this rank)";
+  auto us = [&] { return "rank " + std::to_string(rank()) + " (this rank)"; };  // error messages only
   bool any = false;
   while (!p.recvs.empty() && tail < head) {
     Request& r = pool_[p.recvs.head];
     const SlotHeader* sh = slot_of(ch, tail);
     const OpTag got = from_wire(sh->tag);
     if (!(got == r.tag))
-      return fail(InvalidUsage(who(i) + " called " + describe(got) + " but " + us + " called " + describe(r.tag)));
+      return fail(InvalidUsage(who(i) + " called " + describe(got) + " but " + us() + " called " + describe(r.tag)));
     if (sh->total_bytes != r.bytes)
       return fail(InvalidUsage(who(i) + " sent " + std::to_string(sh->total_bytes) + " bytes for " + describe(got) +
-                               " but " + us + " expects " + std::to_string(r.bytes) + " bytes for it"));
+                               " but " + us() + " expects " + std::to_string(r.bytes) + " bytes for it"));
     const auto reach = static_cast<Reach>(sh->reach);
     if (reach == Reach::kNone) {
       if (sh->offset != r.moved || sh->length > frag || sh->length > r.bytes - r.moved)

@@ -28,6 +28,15 @@ ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const 
     const int world = world_ranks.empty() ? r : world_ranks[static_cast<size_t>(r)];
     peers_[i].dom = domain_->index_of_world(world);
   }
+  std::vector<int> per_host;
+  for (int h : options_.host_of) {
+    if (h >= static_cast<int>(per_host.size())) per_host.resize(static_cast<size_t>(h) + 1, 0);
+    if (h >= 0) ++per_host[static_cast<size_t>(h)];
+  }
+  hosts_ = static_cast<int>(per_host.size());
+  ranks_per_host_ = per_host.empty() ? 0 : per_host[0];
+  for (int c : per_host)
+    if (c != ranks_per_host_) ranks_per_host_ = 0;
   // Touched once here, reused for every message.
   pool_.resize(kPoolSize);
   for (uint32_t i = 0; i < kPoolSize; ++i) pool_[i].next = i + 1 < kPoolSize ? i + 1 : kNil;

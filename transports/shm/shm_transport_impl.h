@@ -95,6 +95,8 @@ class ShmTransport final : public Transport, public LocalAccess {
   const std::vector<int>& local_ranks() const override { return local_ranks_; }
   int local_index() const override { return me_; }
   const std::vector<int>& host_of() const override { return options_.host_of; }
+  int hosts() const override { return hosts_; }
+  int ranks_per_host() const override { return ranks_per_host_; }
   Status begin(const OpTag& tag) override;
   size_t slot_bytes() const override { return geometry_.control.slot_bytes; }
   char* slot(int i) override;
@@ -160,6 +162,8 @@ class ShmTransport final : public Transport, public LocalAccess {
   std::vector<int> local_ranks_;
   int me_ = 0;
   std::vector<int> local_of_;  // communicator rank -> local index or -1
+  int hosts_ = 1;
+  int ranks_per_host_ = 0;
   std::shared_ptr<Domain> domain_;
   Geometry geometry_;
   Segment own_;

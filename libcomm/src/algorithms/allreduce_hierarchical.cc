@@ -15,25 +15,11 @@ namespace comm::algo {
 namespace {
 
 // Hosts with the same number of ranks, at least two hosts and two ranks per host.
-bool regular_layout(const std::vector<int>& host_of, int* hosts, int* per_host) {
-  if (host_of.empty()) return false;
-  const int h = *std::max_element(host_of.begin(), host_of.end()) + 1;
-  std::vector<int> count(static_cast<size_t>(h), 0);
-  for (int x : host_of) {
-    if (x < 0) return false;
-    ++count[static_cast<size_t>(x)];
-  }
-  *hosts = h;
-  *per_host = count[0];
-  return h >= 2 && count[0] >= 2 && std::all_of(count.begin(), count.end(), [&](int c) { return c == count[0]; });
-}
-
 bool can_run(const Context& ctx, const CollArgs& args) {
   if (args.kind != CollKind::kAllreduce) return false;
   transport::LocalAccess* la = ctx.transport.local();
-  int hosts = 0, per_host = 0;
-  return la != nullptr && static_cast<int>(la->host_of().size()) == ctx.size &&
-         regular_layout(la->host_of(), &hosts, &per_host) && static_cast<int>(la->local_ranks().size()) == per_host;
+  return la != nullptr && static_cast<int>(la->host_of().size()) == ctx.size && la->hosts() >= 2 &&
+         la->ranks_per_host() >= 2 && static_cast<int>(la->local_ranks().size()) == la->ranks_per_host();
 }
 
 Status run(Context& ctx, const CollArgs& args) {
@@ -42,23 +28,27 @@ Status run(Context& ctx, const CollArgs& args) {
   if (done) return Status::Ok();
   transport::LocalAccess& la = *ctx.transport.local();
   const std::vector<int>& host_of = la.host_of();
-  int hosts = 0, per_host = 0;
-  regular_layout(host_of, &hosts, &per_host);
+  const int hosts = la.hosts();
 
   DirectRun direct(ctx, args);
   COMM_RETURN_IF_ERROR(direct.start());
   COMM_RETURN_IF_ERROR(direct.reduce_slice(false, 0));
 
-  // The j-th rank of every host (j = this rank's local index), ordered by host.
+  // The j-th rank of every host (j = this rank's local index), ordered by host; the list and
+  // the counts live in scratch slot 3 (no allocation per call).
   const int j = la.local_index();
-  std::vector<int> ring(static_cast<size_t>(hosts), -1), seen(static_cast<size_t>(hosts), 0);
+  void* mem = nullptr;
+  COMM_RETURN_IF_ERROR(scratch_get(ctx, 2 * static_cast<size_t>(hosts) * sizeof(int), 3, &mem));
+  int* ring = static_cast<int*>(mem);
+  int* seen = ring + hosts;
+  std::fill(seen, seen + hosts, 0);
   for (int r = 0; r < ctx.size; ++r) {
-    const auto h = static_cast<size_t>(host_of[static_cast<size_t>(r)]);
+    const int h = host_of[static_cast<size_t>(r)];
     if (seen[h]++ == j) ring[h] = r;
   }
   const int my_host = host_of[static_cast<size_t>(ctx.rank)];
   if (direct.my_len() > 0) {
-    SubsetTransport sub(ctx.transport, ring, my_host, 0);
+    SubsetTransport sub(ctx.transport, ring, hosts, my_host);
     Context sub_ctx{sub, my_host, hosts, ctx.scratch, ctx.chunk_bytes};
     CollArgs slice = args;  // the same tag: peers check it
     slice.sendbuf = slice.recvbuf = direct.my_slice();

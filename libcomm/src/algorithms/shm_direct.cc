@@ -33,13 +33,16 @@ DirectRun::DirectRun(Context& ctx, const CollArgs& args)
   // sleep and a wake-up per chunk; gather at the end instead, when the peers are done.
   interleave_ = n_ <= sysconf(_SC_NPROCESSORS_ONLN);
   layout_ = BlockLayout{args.count, n_, false};
-  gathered_.assign(static_cast<size_t>(n_), 0);
 }
 
 Status DirectRun::start() {
   COMM_RETURN_IF_ERROR(la_.begin(args_.tag));
   const size_t bytes = args_.count * esz_;
   COMM_RETURN_IF_ERROR(la_.expose(args_.sendbuf, args_.recvbuf, bytes, &work_));
+  void* gathered = nullptr;
+  COMM_RETURN_IF_ERROR(scratch_get(ctx_, static_cast<size_t>(n_) * sizeof(size_t), 2, &gathered));
+  gathered_ = static_cast<size_t*>(gathered);
+  std::fill(gathered_, gathered_ + n_, size_t{0});
   void* staging = nullptr;
   COMM_RETURN_IF_ERROR(scratch_get(ctx_, 3 * ce_ * esz_, 1, &staging));
   staging_[0] = static_cast<char*>(staging);

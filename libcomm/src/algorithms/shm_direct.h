@@ -4,8 +4,6 @@
 // pipelined in chunks; then every rank copies the reduced slices it does not own.
 #pragma once
 
-#include <vector>
-
 #include "algorithms/common.h"
 
 namespace comm::algo {
@@ -44,7 +42,7 @@ class DirectRun {
   BlockLayout layout_;
   char* work_ = nullptr;
   char* staging_[3] = {nullptr, nullptr, nullptr};  // two operands read by copy, partial sums
-  std::vector<size_t> gathered_;  // elements of each local rank's slice copied so far
+  size_t* gathered_ = nullptr;  // elements of each local rank's slice copied so far (scratch slot 2)
 };
 
 size_t shm_chunk_bytes();

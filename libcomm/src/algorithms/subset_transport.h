@@ -1,11 +1,10 @@
 // A view of a transport restricted to some of its ranks, renumbered 0..k-1, so that an
 // algorithm written for a whole communicator runs among a subset (the hierarchical
 // all-reduce's one inter-host ring per local rank). Requests are the base transport's.
+// Built per call on the stack: it copies nothing and allocates nothing.
 #pragma once
 
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "transports/transport.h"
 
@@ -13,18 +12,18 @@ namespace comm::algo {
 
 class SubsetTransport final : public transport::Transport {
  public:
-  // ranks[i]: the base rank of subset rank i; `me` is this rank's subset rank.
-  SubsetTransport(transport::Transport& base, std::vector<int> ranks, int me, int timeout_ms)
-      : Transport(options_for(ranks, me, timeout_ms)), base_(base), ranks_(std::move(ranks)) {}
+  // ranks[i] (i < count): the base rank of subset rank i; `me` is this rank's subset rank.
+  SubsetTransport(transport::Transport& base, const int* ranks, int count, int me)
+      : Transport(options_for(count, me)), base_(base), ranks_(ranks) {}
 
   const char* name() const override { return base_.name(); }
   Status isend(int peer, const transport::OpTag& tag, const void* buf, size_t bytes, transport::RequestId* id) override {
     COMM_RETURN_IF_ERROR(check(peer));
-    return base_.isend(ranks_[static_cast<size_t>(peer)], tag, buf, bytes, id);
+    return base_.isend(ranks_[peer], tag, buf, bytes, id);
   }
   Status irecv(int peer, const transport::OpTag& tag, void* buf, size_t bytes, transport::RequestId* id) override {
     COMM_RETURN_IF_ERROR(check(peer));
-    return base_.irecv(ranks_[static_cast<size_t>(peer)], tag, buf, bytes, id);
+    return base_.irecv(ranks_[peer], tag, buf, bytes, id);
   }
   Status wait(const transport::RequestId* ids, size_t n) override { return base_.wait(ids, n); }
   Status test(transport::RequestId id, bool* done) override { return base_.test(id, done); }
@@ -34,11 +33,10 @@ class SubsetTransport final : public transport::Transport {
   void abort() override { base_.abort(); }
 
  private:
-  static transport::Options options_for(const std::vector<int>& ranks, int me, int timeout_ms) {
+  static transport::Options options_for(int count, int me) {
     transport::Options o;
     o.rank = me;
-    o.size = static_cast<int>(ranks.size());
-    o.timeout_ms = timeout_ms;
+    o.size = count;
     return o;
   }
   Status check(int peer) const {
@@ -48,7 +46,7 @@ class SubsetTransport final : public transport::Transport {
   }
 
   transport::Transport& base_;
-  std::vector<int> ranks_;
+  const int* ranks_;
 };
 
 }  // namespace comm::algo
