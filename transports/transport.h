@@ -56,15 +56,13 @@ using RequestId = uint32_t;
 // ---- one-sided access among the ranks of one host ---------------------------------------
 //
 // A transport that maps its local peers' memory (shared memory) offers this view; algorithms
-// that read peers' buffers in place are written against it and nothing else. One call:
+// that read peers' data in place are written against it and nothing else. One call:
 //   begin(tag)                      every local rank, for the same calls in the same order
-//   small: copy into slot(me); post()            large: expose(in, out, ...)
+//   small: copy into slot(me); post()            large: expose(in, out, bytes, chunk)
 //   wait_posted(i) for each peer i  (INVALID_USAGE naming both sides if its tag differs)
-//   small: read slot(i)                          large: read()/peer_addr(), publish_progress(),
-//                                                       wait_progress(), then finish()
+//   small: read slot(i)                          large: steps of one chunk per slice, through
+//                                                       marks that peers wait on; finish()
 // A peer is never more than one call ahead, so slots and descriptors alternate by parity.
-enum class Region : uint8_t { kInput = 0, kOutput = 1 };
-
 class LocalAccess {
  public:
   virtual ~LocalAccess() = default;
@@ -84,17 +82,26 @@ class LocalAccess {
   virtual Status post() = 0;  // publishes this call's tag (and slot) to the local peers
   virtual Status wait_posted(int i) = 0;
 
-  // Large messages: exposes `bytes` of input and output and posts. *out_work is where this
-  // rank must write what peers read from its output: `out` itself, or shared staging when
-  // peers cannot reach `out` (then the caller copies its own results to `out` afterwards).
-  virtual Status expose(const void* in, void* out, size_t bytes, char** out_work) = 0;
-  // Local rank i's input/output at byte `off` when this rank can address it in place, else
-  // nullptr (then read() copies it).
-  virtual const char* peer_addr(int i, Region region, size_t off, size_t len) = 0;
-  virtual Status read(int i, Region region, size_t off, void* dst, size_t len) = 0;
-  // This rank's progress through the call, a count that grows within it; peers wait on it.
-  virtual void publish_progress(uint64_t value) = 0;
-  virtual Status wait_progress(int i, uint64_t value) = 0;
+  // Large messages, in steps of `chunk_bytes` of every slice: exposes this rank's input and
+  // output (`bytes` each) and posts. A buffer from comm_mem_alloc is read in place
+  // (mapped_input/mapped_output); an ordinary one travels through its owner's staging ring,
+  // ring_depth() steps deep: in_slot(i, step, owner) holds rank i's input chunk of owner's
+  // slice, out_slot(i, step) rank i's result chunk.
+  virtual Status expose(const void* in, void* out, size_t bytes, size_t chunk_bytes) = 0;
+  virtual const char* mapped_input(int i) = 0;  // nullptr: through in_slot
+  virtual const char* mapped_output(int i) = 0;  // nullptr: through out_slot
+  virtual char* in_slot(int i, uint64_t step, int owner) = 0;
+  virtual char* out_slot(int i, uint64_t step) = 0;
+  virtual uint64_t ring_depth() const = 0;
+  // Progress marks, counted in steps from the start of the call; peers wait on them.
+  enum class Mark : int {
+    kStaged = 0,    // this rank's input chunks of that many steps are in its in_slots
+    kConsumed = 1,  // it has reduced its slice's chunks of that many steps (read every in_slot)
+    kResult = 2,    // its result chunks of that many steps are readable (output or out_slot)
+    kGathered = 3,  // it has copied every peer's result chunks of that many steps
+  };
+  virtual void publish(Mark mark, uint64_t steps) = 0;
+  virtual Status wait_mark(int i, Mark mark, uint64_t steps) = 0;
   // Ends a large call: returns once no local peer reads this rank's buffers any more.
   virtual Status finish() = 0;
 };

@@ -43,11 +43,13 @@ const std::vector<Param>& all() {
        "shared memory: all-reduce up to this size goes through one shared slot per rank (shm_slots); larger "
        "ones read peers' buffers directly (shm_direct). Every local rank must use the same value",
        nullptr},
-      {"COMM_SHM_CHUNK_BYTES", Type::kInt, "262144", "shared memory: pipelining chunk of the direct all-reduce",
+      {"COMM_SHM_CHUNK_BYTES", Type::kInt, "131072",
+       "shared memory: pipelining chunk (per rank's slice) of the direct all-reduce; its staging rings hold "
+       "4 chunks per local rank. Every local rank must use the same value",
        nullptr},
       {"COMM_SHM_CMA", Type::kInt, "1",
-       "shared memory: 1 = read local peers' buffers with process_vm_readv (one copy) when the kernel allows it; "
-       "0 = copy through shared staging",
+       "shared memory: 1 = large point-to-point messages are read from the sender's buffer with "
+       "process_vm_readv (one copy) when the kernel allows it; 0 = copied through the channel",
        nullptr},
       {"COMM_SHM_ARENA_BYTES", Type::kInt, "68719476736",
        "shared memory: address space each rank reserves (not allocates) for comm_mem_alloc buffers and staging",

@@ -43,11 +43,12 @@ struct WireTag {
 };
 static_assert(sizeof(WireTag) == 24);
 
-// How a peer reaches a buffer this rank exposes for one call.
+// How a peer reaches a buffer this rank exposes for one call, or a message's payload.
 enum class Reach : uint32_t {
   kNone = 0,
-  kArena = 1,  // in the owner's arena, at `where` bytes from its start: read in place
-  kCma = 2,    // at address `where` in the owner's process: process_vm_readv
+  kArena = 1,    // in the owner's arena, at `where` bytes from its start: read in place
+  kCma = 2,      // at address `where` in the owner's process: process_vm_readv
+  kStaged = 3,   // through the owner's staging ring, at `where` bytes into its arena
 };
 
 struct RegionDesc {
@@ -56,13 +57,16 @@ struct RegionDesc {
   uint64_t where;
 };
 
+constexpr int kMarks = 4;  // LocalAccess::Mark
+
 // One large call's buffers; two of them, the call number's parity picks one (a peer is at
 // most one call ahead, so the other one is never rewritten while someone reads it).
 struct alignas(kLine) CallDesc {
   WireTag tag;
   uint64_t bytes;
+  uint64_t chunk_bytes;  // every rank must pipeline alike
   RegionDesc in, out;
-  uint64_t progress_base;  // the owner's progress counter when the call began
+  uint64_t mark_base[kMarks];  // the owner's mark counters when the call began
 };
 
 struct alignas(kPage) ControlHeader {
@@ -88,9 +92,9 @@ struct alignas(kPage) ControlHeader {
 struct alignas(kLine) ControlLines {
   Futex doorbell;      // peers bump it and FUTEX_WAKE it when `sleeping` is set
   Counter sleeping;    // the owner is (about to be) blocked in FUTEX_WAIT
-  Counter posted;      // the number of the last one-sided call posted
-  Counter progress;    // chunks published (monotonic over the communicator's life)
-  Counter finished;    // the number of the last one-sided call whose reads are over
+  Counter posted;           // the number of the last one-sided call posted
+  Counter marks[kMarks];    // steps done per LocalAccess::Mark (monotonic over the communicator's life)
+  Counter finished;         // the number of the last one-sided call whose reads are over
   CallDesc desc[2];
 };
 

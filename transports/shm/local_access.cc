@@ -1,5 +1,6 @@
 // One-sided calls (LocalAccess): numbered calls, posted with their tag and buffers in this
-// rank's control segment; counters that peers wait on. See transport.h for the protocol.
+// rank's control segment; mark counters that peers wait on; staging rings in the arena for
+// buffers peers cannot read in place. See transport.h for the protocol.
 #include <bit>
 #include <cstring>
 
@@ -8,17 +9,16 @@
 namespace comm::transport::shm {
 namespace {
 
-enum Which : size_t { kPosted, kProgress, kFinished };
+constexpr size_t kMinRing = size_t{1} << 20;
 
-std::atomic<uint64_t>& counter(ControlLines* l, size_t which) {
-  switch (which) {
-    case kPosted: return l->posted.value;
-    case kProgress: return l->progress.value;
-    default: return l->finished.value;
+const char* mark_name(LocalAccess::Mark m) {
+  switch (m) {
+    case LocalAccess::Mark::kStaged: return "its input chunks of";
+    case LocalAccess::Mark::kConsumed: return "its reduction of";
+    case LocalAccess::Mark::kResult: return "its results of";
+    default: return "its copies of the results of";
   }
 }
-
-constexpr size_t kMinStage = size_t{1} << 20;
 
 }  // namespace
 
@@ -27,15 +27,16 @@ Status ShmTransport::begin(const OpTag& tag) {
   ++call_;
   tag_ = tag;
   small_call_ = true;
-  in_ = nullptr;
-  out_work_ = nullptr;
   CallDesc& d = my_lines_->desc[call_ % 2];
   d.tag = wire_tag(tag);
   d.bytes = 0;
+  d.chunk_bytes = 0;
   d.in = RegionDesc{};
   d.out = RegionDesc{};
-  progress_base_ = my_lines_->progress.value.load(std::memory_order_relaxed);
-  d.progress_base = progress_base_;
+  for (int m = 0; m < kMarks; ++m) {
+    mark_base_[m] = my_lines_->marks[m].value.load(std::memory_order_relaxed);
+    d.mark_base[m] = mark_base_[m];
+  }
   return Status::Ok();
 }
 
@@ -56,8 +57,7 @@ Status ShmTransport::post() {
   return Status::Ok();
 }
 
-Status ShmTransport::wait_counter(int i, size_t which, uint64_t at_least, const char* what) {
-  std::atomic<uint64_t>& c = counter(peers_[static_cast<size_t>(i)].lines, which);
+Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_least, const char* what) {
   uint64_t last = c.load(std::memory_order_acquire);
   if (last >= at_least) return Status::Ok();
   return await(
@@ -114,108 +114,107 @@ Status ShmTransport::wait_slot(int i) {
 Status ShmTransport::wait_posted(int i) {
   if (i == me_) return Status::Ok();
   if (small_call_) return wait_slot(i);
-  COMM_RETURN_IF_ERROR(wait_counter(i, kPosted, call_, "its part of"));
   Peer& p = peers_[static_cast<size_t>(i)];
+  COMM_RETURN_IF_ERROR(wait_counter(i, p.lines->posted.value, call_, "its part of"));
   // It is at most one call ahead: this call's descriptor is not rewritten before we finish.
   std::memcpy(static_cast<void*>(&p.desc), &p.lines->desc[call_ % 2], sizeof p.desc);
   const OpTag theirs = op_tag(p.desc.tag);
+  auto us = [&] { return "rank " + std::to_string(rank()) + " (this rank)"; };  // error messages only
   if (!(theirs == tag_))
-    return fail(InvalidUsage(who(i) + " called " + describe(theirs) + " but rank " + std::to_string(rank()) +
-                             " (this rank) called " + describe(tag_)));
-  return Status::Ok();
-}
-
-// Staging in this rank's arena (peers map it): grown by powers of two, touched when allocated.
-Status ShmTransport::staging(int which, size_t bytes, char** out, uint64_t* offset) {
-  if (stage_bytes_[which] < bytes) {
-    if (stage_[which] != nullptr) domain_->free(stage_[which]);
-    stage_[which] = nullptr;
-    stage_bytes_[which] = 0;
-    const size_t want = std::bit_ceil(bytes < kMinStage ? kMinStage : bytes);
-    Status st = domain_->alloc(want, &stage_[which]);
-    if (!st.ok()) return fail(st.prefixed(me() + ": shared staging for " + describe(tag_) + ": "));
-    stage_bytes_[which] = want;
+    return fail(InvalidUsage(who(i) + " called " + describe(theirs) + " but " + us() + " called " + describe(tag_)));
+  const CallDesc& mine = my_lines_->desc[call_ % 2];
+  if (p.desc.chunk_bytes != mine.chunk_bytes || p.desc.bytes != mine.bytes)
+    return fail(InvalidUsage(who(i) + " pipelines " + describe(tag_) + " in chunks of " +
+                             std::to_string(p.desc.chunk_bytes) + " bytes but " + us() + " in chunks of " +
+                             std::to_string(mine.chunk_bytes) + ": start every rank with the same COMM_SHM_CHUNK_BYTES"));
+  // Where its buffers and ring are, checked against its arena once here.
+  const size_t arena = domain_->arena_bytes(p.dom);
+  auto inside = [&](uint64_t where, uint64_t len) { return where <= arena && len <= arena - where; };
+  const size_t n = peers_.size();
+  const uint64_t ring_len = kRingDepth * (n + 1) * p.desc.chunk_bytes;
+  p.mapped_in = p.mapped_out = nullptr;
+  p.ring = nullptr;
+  for (const RegionDesc* rd : {&p.desc.in, &p.desc.out}) {
+    const auto reach = static_cast<Reach>(rd->reach);
+    const bool ok = reach == Reach::kArena ? inside(rd->where, p.desc.bytes)
+                                           : reach == Reach::kStaged && inside(rd->where, ring_len);
+    if (!ok) return fail(Internal(who(i) + " exposed a buffer outside its arena for " + describe(tag_)));
+    const char* at = domain_->arena(p.dom) + rd->where;
+    if (reach == Reach::kStaged) p.ring = const_cast<char*>(at);
+    (rd == &p.desc.in ? p.mapped_in : p.mapped_out) = reach == Reach::kArena ? at : nullptr;
   }
-  *out = stage_[which];
-  if (!domain_->locate(*out, bytes, offset)) return fail(Internal(me() + ": staging outside the arena"));
   return Status::Ok();
 }
 
-Status ShmTransport::expose(const void* in, void* out, size_t bytes, char** out_work) {
+Status ShmTransport::expose(const void* in, void* out, size_t bytes, size_t chunk_bytes) {
   COMM_RETURN_IF_ERROR(usable());
   small_call_ = false;
+  chunk_bytes_ = chunk_bytes;
   CallDesc& d = my_lines_->desc[call_ % 2];
   d.bytes = bytes;
-  in_ = static_cast<const char*>(in);
-  uint64_t offset = 0;
-  char* stage = nullptr;
-  // Where peers find the input: in place (comm_mem_alloc), by process_vm_readv, or a copy.
-  if (domain_->locate(in, bytes, &offset)) {
-    d.in = RegionDesc{static_cast<uint32_t>(Reach::kArena), 0, offset};
-  } else if (cma()) {
-    d.in = RegionDesc{static_cast<uint32_t>(Reach::kCma), 0, reinterpret_cast<uint64_t>(in)};
-  } else {
-    COMM_RETURN_IF_ERROR(staging(0, bytes, &stage, &offset));
-    std::memcpy(stage, in, bytes);
-    d.in = RegionDesc{static_cast<uint32_t>(Reach::kArena), 0, offset};
+  d.chunk_bytes = chunk_bytes;
+  Peer& self = peers_[static_cast<size_t>(me_)];
+  uint64_t in_at = 0, out_at = 0;
+  const bool in_mapped = domain_->locate(in, bytes, &in_at);
+  const bool out_mapped = domain_->locate(out, bytes, &out_at);
+  self.mapped_in = in_mapped ? static_cast<const char*>(in) : nullptr;
+  self.mapped_out = out_mapped ? static_cast<const char*>(out) : nullptr;
+  self.ring = nullptr;
+  if (!in_mapped || !out_mapped) {
+    // The ring: kRingDepth steps of one chunk per local rank (input), then of one (output).
+    // Grown by powers of two at first use of a size, touched then, reused afterwards.
+    const size_t want = kRingDepth * (peers_.size() + 1) * chunk_bytes;
+    if (ring_bytes_ < want) {
+      if (ring_ != nullptr) domain_->free(ring_);
+      ring_ = nullptr;
+      ring_bytes_ = 0;
+      const size_t size = std::bit_ceil(want < kMinRing ? kMinRing : want);
+      Status st = domain_->alloc(size, &ring_);
+      if (!st.ok()) return fail(st.prefixed(me() + ": shared staging for " + describe(tag_) + ": "));
+      ring_bytes_ = size;
+    }
+    uint64_t ring_at = 0;
+    if (!domain_->locate(ring_, want, &ring_at)) return fail(Internal(me() + ": staging ring outside the arena"));
+    self.ring = ring_;
+    if (!in_mapped) in_at = ring_at;
+    if (!out_mapped) out_at = ring_at;
   }
-  if (domain_->locate(out, bytes, &offset)) {
-    d.out = RegionDesc{static_cast<uint32_t>(Reach::kArena), 0, offset};
-    out_work_ = static_cast<char*>(out);
-  } else if (cma()) {
-    d.out = RegionDesc{static_cast<uint32_t>(Reach::kCma), 0, reinterpret_cast<uint64_t>(out)};
-    out_work_ = static_cast<char*>(out);
-  } else {
-    COMM_RETURN_IF_ERROR(staging(1, bytes, &stage, &offset));
-    d.out = RegionDesc{static_cast<uint32_t>(Reach::kArena), 0, offset};
-    out_work_ = stage;
-  }
-  *out_work = out_work_;
+  d.in = RegionDesc{static_cast<uint32_t>(in_mapped ? Reach::kArena : Reach::kStaged), 0, in_at};
+  d.out = RegionDesc{static_cast<uint32_t>(out_mapped ? Reach::kArena : Reach::kStaged), 0, out_at};
   return post();
 }
 
-const char* ShmTransport::peer_addr(int i, Region region, size_t off, size_t len) {
-  if (i == me_) return (region == Region::kInput ? in_ : out_work_) + off;
-  const Peer& p = peers_[static_cast<size_t>(i)];
-  const RegionDesc& rd = region == Region::kInput ? p.desc.in : p.desc.out;
-  if (rd.reach != static_cast<uint32_t>(Reach::kArena)) return nullptr;
-  const size_t arena = domain_->arena_bytes(p.dom);
-  if (off > p.desc.bytes || len > p.desc.bytes - off || rd.where > arena || off + len > arena - rd.where)
-    return nullptr;
-  return domain_->arena(p.dom) + rd.where + off;
+const char* ShmTransport::mapped_input(int i) { return peers_[static_cast<size_t>(i)].mapped_in; }
+const char* ShmTransport::mapped_output(int i) { return peers_[static_cast<size_t>(i)].mapped_out; }
+
+char* ShmTransport::in_slot(int i, uint64_t step, int owner) {
+  const size_t n = peers_.size();
+  return peers_[static_cast<size_t>(i)].ring + ((step % kRingDepth) * n + static_cast<size_t>(owner)) * chunk_bytes_;
 }
 
-Status ShmTransport::read(int i, Region region, size_t off, void* dst, size_t len) {
-  if (len == 0) return Status::Ok();
-  if (const char* src = peer_addr(i, region, off, len)) {
-    std::memcpy(dst, src, len);
-    return Status::Ok();
-  }
-  const Peer& p = peers_[static_cast<size_t>(i)];
-  const RegionDesc& rd = region == Region::kInput ? p.desc.in : p.desc.out;
-  if (rd.reach != static_cast<uint32_t>(Reach::kCma) || off > p.desc.bytes || len > p.desc.bytes - off)
-    return fail(Internal(who(i) + " exposed no readable " + (region == Region::kInput ? "input" : "output") +
-                         " of " + std::to_string(len) + " bytes at " + std::to_string(off) + " for " +
-                         describe(tag_)));
-  Status st = domain_->cma_read(p.dom, rd.where + off, dst, len);
-  return st.ok() ? st : fail(st.prefixed(who(i) + ": " + describe(tag_) + ": "));
+char* ShmTransport::out_slot(int i, uint64_t step) {
+  const size_t n = peers_.size();
+  return peers_[static_cast<size_t>(i)].ring + (kRingDepth * n + step % kRingDepth) * chunk_bytes_;
 }
 
-void ShmTransport::publish_progress(uint64_t value) {
-  my_lines_->progress.value.store(progress_base_ + value, std::memory_order_release);
+void ShmTransport::publish(Mark mark, uint64_t steps) {
+  const int m = static_cast<int>(mark);
+  my_lines_->marks[m].value.store(mark_base_[m] + steps, std::memory_order_release);
   ring_all();
 }
 
-Status ShmTransport::wait_progress(int i, uint64_t value) {
+Status ShmTransport::wait_mark(int i, Mark mark, uint64_t steps) {
   if (i == me_) return Status::Ok();
-  return wait_counter(i, kProgress, peers_[static_cast<size_t>(i)].desc.progress_base + value, "its results of");
+  Peer& p = peers_[static_cast<size_t>(i)];
+  const int m = static_cast<int>(mark);
+  return wait_counter(i, p.lines->marks[m].value, p.desc.mark_base[m] + steps, mark_name(mark));
 }
 
 Status ShmTransport::finish() {
   my_lines_->finished.value.store(call_, std::memory_order_release);
   ring_all();
   for (int i = 0; i < static_cast<int>(peers_.size()); ++i)
-    if (i != me_) COMM_RETURN_IF_ERROR(wait_counter(i, kFinished, call_, "the end of"));
+    if (i != me_) COMM_RETURN_IF_ERROR(wait_counter(i, peers_[static_cast<size_t>(i)].lines->finished.value, call_, "the end of"));
   return Status::Ok();
 }
 

@@ -51,8 +51,7 @@ ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const 
 }
 
 ShmTransport::~ShmTransport() {
-  for (int k = 0; k < 2; ++k)
-    if (stage_[k] != nullptr) domain_->free(stage_[k]);
+  if (ring_ != nullptr) domain_->free(ring_);
 }
 
 int ShmTransport::local_of(int r) const {

@@ -22,6 +22,7 @@ constexpr uint32_t kPoolBits = 10;
 constexpr uint32_t kPoolSize = 1u << kPoolBits;  // requests in flight at once
 constexpr uint32_t kNil = UINT32_MAX;
 constexpr long kSliceNs = 20 * 1000 * 1000;  // futex sleeps: abort, deaths and deadlines between slices
+constexpr uint64_t kRingDepth = 4;           // steps of a large call in flight through the staging rings
 
 WireTag wire_tag(const OpTag& t);
 OpTag op_tag(const WireTag& w);
@@ -62,6 +63,9 @@ struct Peer {
   char* channels = nullptr;
   Queue sends, acks, recvs;
   CallDesc desc{};      // its descriptor for the current call, copied at wait_posted()
+  const char* mapped_in = nullptr;   // its buffers for the current call, when read in place
+  const char* mapped_out = nullptr;
+  char* ring = nullptr;              // its staging ring for the current call
 };
 
 class ShmTransport final : public Transport, public LocalAccess {
@@ -102,11 +106,14 @@ class ShmTransport final : public Transport, public LocalAccess {
   char* slot(int i) override;
   Status post() override;
   Status wait_posted(int i) override;
-  Status expose(const void* in, void* out, size_t bytes, char** out_work) override;
-  const char* peer_addr(int i, Region region, size_t off, size_t len) override;
-  Status read(int i, Region region, size_t off, void* dst, size_t len) override;
-  void publish_progress(uint64_t value) override;
-  Status wait_progress(int i, uint64_t value) override;
+  Status expose(const void* in, void* out, size_t bytes, size_t chunk_bytes) override;
+  const char* mapped_input(int i) override;
+  const char* mapped_output(int i) override;
+  char* in_slot(int i, uint64_t step, int owner) override;
+  char* out_slot(int i, uint64_t step) override;
+  uint64_t ring_depth() const override { return kRingDepth; }
+  void publish(Mark mark, uint64_t steps) override;
+  Status wait_mark(int i, Mark mark, uint64_t steps) override;
   Status finish() override;
 
   // Whether peers may be read with process_vm_readv (agreed communicator-wide at setup).
@@ -154,10 +161,9 @@ class ShmTransport final : public Transport, public LocalAccess {
   Status channel_disagreement(int i, const OpTag& mine);
 
   // ---- one-sided (local_access.cc)
-  Status wait_counter(int i, size_t which, uint64_t at_least, const char* what);
+  Status wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_least, const char* what);
   Status wait_slot(int i);
   SlotHead* slot_head(int i);
-  Status staging(int which, size_t bytes, char** out, uint64_t* offset);
 
   std::vector<int> local_ranks_;
   int me_ = 0;
@@ -179,11 +185,10 @@ class ShmTransport final : public Transport, public LocalAccess {
   uint64_t call_ = 0;        // calls begun
   bool small_call_ = false;  // posted through the slots (no expose)
   OpTag tag_;
-  const char* in_ = nullptr;
-  char* out_work_ = nullptr;
-  uint64_t progress_base_ = 0;
-  char* stage_[2] = {nullptr, nullptr};  // staging in this rank's arena: input, output
-  size_t stage_bytes_[2] = {0, 0};
+  uint64_t mark_base_[kMarks] = {};
+  size_t chunk_bytes_ = 0;
+  char* ring_ = nullptr;  // this rank's staging ring in its arena (in-slots, then out-slots)
+  size_t ring_bytes_ = 0;
 
   std::chrono::nanoseconds spin_{0};
   std::atomic<bool> aborted_{false};

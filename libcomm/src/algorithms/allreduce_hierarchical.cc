@@ -32,7 +32,7 @@ Status run(Context& ctx, const CollArgs& args) {
 
   DirectRun direct(ctx, args);
   COMM_RETURN_IF_ERROR(direct.start());
-  COMM_RETURN_IF_ERROR(direct.reduce_slice(false, 0));
+  COMM_RETURN_IF_ERROR(direct.reduce_scatter());
 
   // The j-th rank of every host (j = this rank's local index), ordered by host; the list and
   // the counts live in scratch slot 3 (no allocation per call).
@@ -59,8 +59,8 @@ Status run(Context& ctx, const CollArgs& args) {
     COMM_RETURN_IF_ERROR(inter.run(sub_ctx, slice));
     if (args.op == COMM_AVG) avg_finalize(direct.my_slice(), direct.my_len(), args.dtype, ctx.size);
   }
-  direct.publish_slice();
-  return direct.gather_and_finish();
+  COMM_RETURN_IF_ERROR(direct.share_and_gather());
+  return direct.finish();
 }
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "algorithms/shm_direct.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "log.h"
@@ -9,13 +7,15 @@
 
 namespace comm::algo {
 
+using Mark = transport::LocalAccess::Mark;
+
 size_t shm_chunk_bytes() {
   static const size_t value = [] {
-    int64_t v = 262144;
+    int64_t v = 131072;
     Status st = params::get_int("COMM_SHM_CHUNK_BYTES", 4096, int64_t{1} << 30, &v);
     if (!st.ok()) {
-      COMM_WARN(kAlg, "%s; using 262144", st.message().c_str());
-      v = 262144;
+      COMM_WARN(kAlg, "%s; using 131072", st.message().c_str());
+      v = 131072;
     }
     return static_cast<size_t>(v);
   }();
@@ -29,96 +29,142 @@ DirectRun::DirectRun(Context& ctx, const CollArgs& args)
   esz_ = elem_size(args);
   ce_ = std::min(shm_chunk_bytes(), ctx.chunk_bytes) / esz_;
   if (ce_ == 0) ce_ = 1;
-  // With more local ranks than cores, copying a peer's chunk as soon as it is reduced means a
-  // sleep and a wake-up per chunk; gather at the end instead, when the peers are done.
-  interleave_ = n_ <= sysconf(_SC_NPROCESSORS_ONLN);
   layout_ = BlockLayout{args.count, n_, false};
+  steps_ = (layout_.max_len() + ce_ - 1) / ce_;
+  in_ = static_cast<const char*>(args.sendbuf);
+  out_ = static_cast<char*>(args.recvbuf);
 }
 
 Status DirectRun::start() {
   COMM_RETURN_IF_ERROR(la_.begin(args_.tag));
-  const size_t bytes = args_.count * esz_;
-  COMM_RETURN_IF_ERROR(la_.expose(args_.sendbuf, args_.recvbuf, bytes, &work_));
-  void* gathered = nullptr;
-  COMM_RETURN_IF_ERROR(scratch_get(ctx_, static_cast<size_t>(n_) * sizeof(size_t), 2, &gathered));
-  gathered_ = static_cast<size_t*>(gathered);
-  std::fill(gathered_, gathered_ + n_, size_t{0});
-  void* staging = nullptr;
-  COMM_RETURN_IF_ERROR(scratch_get(ctx_, 3 * ce_ * esz_, 1, &staging));
-  staging_[0] = static_cast<char*>(staging);
-  staging_[1] = staging_[0] + ce_ * esz_;
-  staging_[2] = staging_[1] + ce_ * esz_;
+  COMM_RETURN_IF_ERROR(la_.expose(in_, out_, args_.count * esz_, ce_ * esz_));
+  if (n_ > 2) {
+    void* partial = nullptr;
+    COMM_RETURN_IF_ERROR(scratch_get(ctx_, ce_ * esz_, 1, &partial));
+    partial_ = static_cast<char*>(partial);
+  }
   for (int i = 0; i < n_; ++i) COMM_RETURN_IF_ERROR(la_.wait_posted(i));
   return Status::Ok();
 }
 
-Status DirectRun::operand(int i, size_t off, size_t len, int k, const char** out) {
-  const size_t boff = off * esz_, blen = len * esz_;
-  if (const char* p = la_.peer_addr(i, transport::Region::kInput, boff, blen)) {
-    *out = p;
-    return Status::Ok();
+// This rank's input chunks of the others' slices into its ring, once their owners have
+// reduced what the ring slot held `depth` steps ago.
+Status DirectRun::stage(uint64_t step) {
+  if (la_.mapped_input(me_) == nullptr) {
+    const uint64_t depth = la_.ring_depth();
+    for (int s = 0; s < n_; ++s) {
+      if (s == me_) continue;
+      if (step >= depth) COMM_RETURN_IF_ERROR(la_.wait_mark(s, Mark::kConsumed, step - depth + 1));
+      copy_bytes(la_.in_slot(me_, step, s), in_ + byte_off(s, step), len_at(s, step) * esz_);
+    }
   }
-  COMM_RETURN_IF_ERROR(la_.read(i, transport::Region::kInput, boff, staging_[k], blen));
-  *out = staging_[k];
+  la_.publish(Mark::kStaged, step + 1);
   return Status::Ok();
 }
 
-Status DirectRun::reduce_slice(bool publish, int divide_by) {
+Status DirectRun::reduce(uint64_t step, char* target, int divide_by) {
+  const size_t l = len_at(me_, step);
+  const size_t off = byte_off(me_, step);
   const ReduceFn fn = reduce_fn(args_.dtype, args_.op);
-  const size_t first = layout_.off(me_), len = layout_.len(me_);
-  for (size_t c = 0; c < len; c += ce_) {
-    const size_t l = clip(len, c, ce_);
-    char* acc = work_ + (first + c) * esz_;
-    // Every element: ((in_0 op in_1) op in_2) op ... -- one association, on one rank. With
-    // more than two ranks the partial sums stay in cache-resident staging and only the last
-    // step writes `acc`, which may be this rank's own input (in place): it is read first.
+  auto operand = [&](int i, const char** out) -> Status {
+    if (i == me_) {
+      *out = in_ + off;
+    } else if (const char* mapped = la_.mapped_input(i)) {
+      *out = mapped + off;
+    } else {
+      COMM_RETURN_IF_ERROR(la_.wait_mark(i, Mark::kStaged, step + 1));
+      *out = la_.in_slot(i, step, me_);
+    }
+    return Status::Ok();
+  };
+  if (l > 0) {
+    // ((in_0 op in_1) op in_2) op ...: with more than two ranks the partial sums stay in a
+    // cache-sized buffer and only the last step writes `target`, which may be this rank's own
+    // input (in place): that operand is read before.
     const char *a = nullptr, *b = nullptr;
-    COMM_RETURN_IF_ERROR(operand(0, first + c, l, 0, &a));
-    COMM_RETURN_IF_ERROR(operand(1, first + c, l, 1, &b));
-    char* partial = n_ == 2 ? acc : staging_[2];
+    COMM_RETURN_IF_ERROR(operand(0, &a));
+    COMM_RETURN_IF_ERROR(operand(1, &b));
+    char* partial = n_ == 2 ? target : partial_;
     fn(partial, a, b, l);
     for (int i = 2; i < n_; ++i) {
-      COMM_RETURN_IF_ERROR(operand(i, first + c, l, i % 2, &a));
-      fn(i == n_ - 1 ? acc : partial, partial, a, l);
+      COMM_RETURN_IF_ERROR(operand(i, &a));
+      fn(i == n_ - 1 ? target : partial, partial, a, l);
     }
-    if (divide_by > 0 && args_.op == COMM_AVG) avg_finalize(acc, l, args_.dtype, divide_by);
-    if (!publish) continue;
-    la_.publish_progress(c + l);
-    if (!interleave_) continue;
-    // One chunk behind: the peers are reducing the chunk we just did.
-    for (int p = 0; p < n_; ++p)
-      if (p != me_) COMM_RETURN_IF_ERROR(gather_upto(p, c < layout_.len(p) ? c : layout_.len(p)));
+    if (divide_by > 0 && args_.op == COMM_AVG) avg_finalize(target, l, args_.dtype, divide_by);
   }
+  la_.publish(Mark::kConsumed, step + 1);
   return Status::Ok();
 }
 
-void DirectRun::publish_slice() { la_.publish_progress(layout_.len(me_)); }
-
-Status DirectRun::gather_upto(int p, size_t elems) {
-  size_t& got = gathered_[static_cast<size_t>(p)];
-  if (elems <= got) return Status::Ok();
-  COMM_RETURN_IF_ERROR(la_.wait_progress(p, elems));
-  const size_t off = (layout_.off(p) + got) * esz_;
-  COMM_RETURN_IF_ERROR(
-      la_.read(p, transport::Region::kOutput, off, static_cast<char*>(args_.recvbuf) + off, (elems - got) * esz_));
-  got = elems;
+Status DirectRun::share(uint64_t step) {
+  if (la_.mapped_output(me_) == nullptr) {
+    const uint64_t depth = la_.ring_depth();
+    if (step >= depth)
+      for (int p = 0; p < n_; ++p)
+        if (p != me_) COMM_RETURN_IF_ERROR(la_.wait_mark(p, Mark::kGathered, step - depth + 1));
+    copy_bytes(la_.out_slot(me_, step), out_ + byte_off(me_, step), len_at(me_, step) * esz_);
+  }
+  la_.publish(Mark::kResult, step + 1);
   return Status::Ok();
 }
 
-Status DirectRun::gather_and_finish() {
+Status DirectRun::gather(uint64_t step) {
   for (int p = 0; p < n_; ++p) {
     if (p == me_) continue;
-    const size_t len = layout_.len(p);
-    for (size_t c = gathered_[static_cast<size_t>(p)]; c < len;) {  // chunk by chunk: progress shows early
-      const size_t upto = c + ce_ < len ? c + ce_ : len;
-      COMM_RETURN_IF_ERROR(gather_upto(p, upto));
-      c = upto;
-    }
+    const size_t l = len_at(p, step);
+    COMM_RETURN_IF_ERROR(la_.wait_mark(p, Mark::kResult, step + 1));
+    const size_t off = byte_off(p, step);
+    const char* mapped = la_.mapped_output(p);
+    copy_bytes(out_ + off, mapped != nullptr ? mapped + off : la_.out_slot(p, step), l * esz_);
   }
-  char* out = static_cast<char*>(args_.recvbuf);
-  const size_t off = layout_.off(me_) * esz_;
-  copy_bytes(out + off, work_ + off, layout_.len(me_) * esz_);  // shared staging: our own slice too
-  return la_.finish();
+  la_.publish(Mark::kGathered, step + 1);
+  return Status::Ok();
 }
+
+Status DirectRun::run_one_host(int divide_by) {
+  const bool out_shared = la_.mapped_output(me_) != nullptr;
+  const uint64_t depth = la_.ring_depth();
+  for (uint64_t step = 0; step < steps_; ++step) {
+    COMM_RETURN_IF_ERROR(stage(step));
+    if (out_shared) {
+      // Peers read the result where it lands.
+      COMM_RETURN_IF_ERROR(reduce(step, out_ + byte_off(me_, step), divide_by));
+      la_.publish(Mark::kResult, step + 1);
+    } else {
+      // Into the out-slot peers read, once they have copied what it held `depth` steps ago;
+      // then into our own output.
+      if (step >= depth)
+        for (int p = 0; p < n_; ++p)
+          if (p != me_) COMM_RETURN_IF_ERROR(la_.wait_mark(p, Mark::kGathered, step - depth + 1));
+      char* slot = la_.out_slot(me_, step);
+      COMM_RETURN_IF_ERROR(reduce(step, slot, divide_by));
+      la_.publish(Mark::kResult, step + 1);
+      copy_bytes(out_ + byte_off(me_, step), slot, len_at(me_, step) * esz_);
+    }
+    // One step behind: the peers are reducing the step we just did.
+    if (step > 0) COMM_RETURN_IF_ERROR(gather(step - 1));
+  }
+  if (steps_ > 0) COMM_RETURN_IF_ERROR(gather(steps_ - 1));
+  return Status::Ok();
+}
+
+Status DirectRun::reduce_scatter() {
+  for (uint64_t step = 0; step < steps_; ++step) {
+    COMM_RETURN_IF_ERROR(stage(step));
+    COMM_RETURN_IF_ERROR(reduce(step, out_ + byte_off(me_, step), 0));
+  }
+  return Status::Ok();
+}
+
+Status DirectRun::share_and_gather() {
+  for (uint64_t step = 0; step < steps_; ++step) {
+    COMM_RETURN_IF_ERROR(share(step));
+    if (step > 0) COMM_RETURN_IF_ERROR(gather(step - 1));
+  }
+  if (steps_ > 0) COMM_RETURN_IF_ERROR(gather(steps_ - 1));
+  return Status::Ok();
+}
+
+Status DirectRun::finish() { return la_.finish(); }
 
 }  // namespace comm::algo

@@ -1,7 +1,10 @@
 // The direct reduce-scatter / all-gather over LocalAccess that the one-host and the
-// hierarchical all-reduce share: local rank j reduces slice j of the buffer, reading every
-// local peer's input in place (or by process_vm_readv), in local rank order for every element,
-// pipelined in chunks; then every rank copies the reduced slices it does not own.
+// hierarchical all-reduce share. Local rank j owns slice j of the buffer; the call runs in
+// steps of one chunk per slice. Each step: every rank stages its input chunks of the others'
+// slices into its shared ring (unless peers read its input in place: comm_mem_alloc), each
+// owner reduces its chunk in local rank order (0, 1, 2, ... for every element, on one rank:
+// bitwise identical everywhere) and publishes it, and every rank copies the others' results.
+// The rings are a few steps deep and cache-sized, so staged data is read from cache.
 #pragma once
 
 #include "algorithms/common.h"
@@ -14,22 +17,30 @@ class DirectRun {
 
   // begin + expose + wait until every local peer has posted the same call.
   Status start();
-  // Reduces this rank's slice into work() (pipelined); with publish, peers may copy each
-  // chunk as soon as it is done (and avg is divided, by `divide_by` ranks; 0: not at all).
-  Status reduce_slice(bool publish, int divide_by);
-  // Publishes the whole slice at once (after the hierarchical algorithm's inter-host step).
-  void publish_slice();
-  // Copies every other local rank's slice into recvbuf as it is published, then finishes the
-  // call (no peer reads this rank's buffers any more afterwards).
-  Status gather_and_finish();
+  // One host: reduce-scatter and all-gather interleaved, step by step; avg divided by
+  // `divide_by` ranks as each chunk is reduced.
+  Status run_one_host(int divide_by);
+  // Hierarchical, phase 1: this rank's slice, reduced over the local ranks, lands in its own
+  // output (my_slice()); nothing is published as a result yet.
+  Status reduce_scatter();
+  // Hierarchical, phase 3: publishes my_slice() (after the inter-host step) and copies every
+  // other local rank's slice into the output.
+  Status share_and_gather();
+  // Every local rank's reads are over (call last).
+  Status finish();
 
-  char* my_slice() const { return work_ + layout_.off(me_) * esz_; }
+  char* my_slice() const { return out_ + layout_.off(me_) * esz_; }
   size_t my_len() const { return layout_.len(me_); }
 
  private:
-  // Local rank i's input at element `off` (len elements): in place, or read into staging[k].
-  Status operand(int i, size_t off, size_t len, int k, const char** out);
-  Status gather_upto(int p, size_t elems);
+  size_t len_at(int owner, uint64_t step) const { return clip(layout_.len(owner), step * ce_, ce_); }
+  size_t byte_off(int owner, uint64_t step) const { return (layout_.off(owner) + step * ce_) * esz_; }
+  Status stage(uint64_t step);
+  // Reduces this rank's chunk of `step` into `target`.
+  Status reduce(uint64_t step, char* target, int divide_by);
+  // Copies this rank's result chunk of `step` from its output into its out-slot (peers read it).
+  Status share(uint64_t step);
+  Status gather(uint64_t step);
 
   Context& ctx_;
   const CollArgs& args_;
@@ -37,12 +48,12 @@ class DirectRun {
   int n_ = 0;
   int me_ = 0;
   size_t esz_ = 0;
-  size_t ce_ = 1;  // chunk, elements
-  bool interleave_ = true;  // copy peers' chunks while reducing ours (not when ranks outnumber cores)
+  size_t ce_ = 1;       // chunk, elements
+  uint64_t steps_ = 0;  // chunks of the longest slice
   BlockLayout layout_;
-  char* work_ = nullptr;
-  char* staging_[3] = {nullptr, nullptr, nullptr};  // two operands read by copy, partial sums
-  size_t* gathered_ = nullptr;  // elements of each local rank's slice copied so far (scratch slot 2)
+  const char* in_ = nullptr;
+  char* out_ = nullptr;
+  char* partial_ = nullptr;  // partial sums of more than two ranks (scratch, cache-sized)
 };
 
 size_t shm_chunk_bytes();
