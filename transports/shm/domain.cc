@@ -133,9 +133,10 @@ Status Domain::map_peers(Store& store, Deadline deadline) {
   }
   cma_probe_ok_ = cma_ok && ranks.size() > 1;
   if (ranks.size() > 1)
-    COMM_INFO(kNet, "%s: single-copy reads between local ranks (process_vm_readv): %s%s%s", config_.label.c_str(),
-              cma_ok ? "available" : "not available, copying through shared memory",
-              cma_why.empty() ? "" : ": ", cma_why.c_str());
+    COMM_INFO(kNet, "%s: large messages between local ranks: %s%s%s", config_.label.c_str(),
+              cma_ok ? "single copy (process_vm_readv works here)"
+                     : "copied in and out through shared memory (no process_vm_readv",
+              cma_why.empty() ? "" : ": ", (cma_why + (cma_ok ? "" : ")")).c_str());
   return Status::Ok();
 }
 

@@ -46,8 +46,10 @@ ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const 
   int64_t spin_us = -1;
   if (!params::get_int("COMM_SHM_SPIN_US", -1, 1000000, &spin_us).ok()) spin_us = -1;
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (spin_us < 0) spin_us = static_cast<long>(local_ranks_.size()) <= cores ? 200 : 2;
+  const bool oversubscribed = static_cast<long>(local_ranks_.size()) > cores;
+  if (spin_us < 0) spin_us = oversubscribed ? 2 : 200;
   spin_ = std::chrono::microseconds(spin_us);
+  yield_ = std::chrono::microseconds(oversubscribed ? 1000 : 0);
 }
 
 ShmTransport::~ShmTransport() {

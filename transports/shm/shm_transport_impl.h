@@ -3,6 +3,8 @@
 // local_access.cc (one-sided calls).
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -191,6 +193,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   size_t ring_bytes_ = 0;
 
   std::chrono::nanoseconds spin_{0};
+  std::chrono::nanoseconds yield_{0};  // after spinning, yield the core this long before sleeping
   std::atomic<bool> aborted_{false};
   std::atomic<bool> woken_{false};
   Status failed_;
@@ -225,6 +228,12 @@ Status ShmTransport::await(Step&& step, Slow&& slow) {
     }
     const auto now = Clock::now();
     if (now < spin_until) continue;
+    if (now < spin_until + yield_) {
+      // More ranks than cores: let the peer we wait for have this core, and stay runnable
+      // (a futex wake-up costs a scheduling decision; a yield only a turn).
+      sched_yield();
+      continue;
+    }
 
     COMM_RETURN_IF_ERROR(peer_errors());
     const bool timed_out = now - last_move >= timeout;
