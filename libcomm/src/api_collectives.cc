@@ -30,8 +30,16 @@ const char* fn_name(CollKind k, bool nonblocking) {
   }
 }
 
-Status validate(comm_t c, const algo::CollArgs& a, int raw_dtype, int raw_op, const std::string& where,
-                bool grouped) {
+// "rank 2, comm_allreduce: " in front of a message, built only when there is one to make: a
+// string per call would be an allocation on every collective's path (DESIGN.md: none there).
+struct Where {
+  comm_t c;
+  const char* fn;
+  std::string text() const { return "rank " + std::to_string(c->rank) + ", " + fn + ": "; }
+};
+std::string operator+(const Where& w, const char* s) { return w.text() + s; }
+
+Status validate(comm_t c, const algo::CollArgs& a, int raw_dtype, int raw_op, const Where& where, bool grouped) {
   if (!dtype_valid(raw_dtype))
     return InvalidArgument(where + "dtype " + std::to_string(raw_dtype) +
                            " is not a comm_dtype_t (valid: 0..9, COMM_FLOAT32..COMM_UINT64)");
@@ -86,7 +94,7 @@ comm_status_t issue(comm_t c, algo::CollArgs a, int raw_dtype, int raw_op, comm_
   const char* fn = fn_name(a.kind, nonblocking);
   return guarded(fn, [&]() -> Status {
     if (c == nullptr) return InvalidArgument(std::string(fn) + ": comm is NULL; pass a communicator from comm_init");
-    std::string where = "rank " + std::to_string(c->rank) + ", " + fn + ": ";
+    const Where where{c, fn};
     if (nonblocking && req == nullptr) return InvalidArgument(where + "the request pointer is NULL");
     if (c->aborted.load(std::memory_order_acquire))
       return Aborted(where + "the communicator was aborted (comm_abort); destroy it and make a new one");
