@@ -59,12 +59,86 @@ def variants(args, build):
     return out
 
 
+def size_of(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.upper().rstrip("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+
+
+def prefix(args):
+    return ["chrt", "-f", "1"] if args.priority == "rt" else []
+
+
 def copy_bandwidth(args, build):
     prog = os.path.join(build, "bench", "copy-bandwidth")
-    done = subprocess.run([prog, "-n", str(min(args.np, os.cpu_count() or 1)), "-t", "2"], stdout=subprocess.PIPE,
-                          text=True, check=True)
+    done = subprocess.run(prefix(args) + [prog, "-n", str(min(args.np, os.cpu_count() or 1)), "-t", "2"],
+                          stdout=subprocess.PIPE, text=True, check=True)
     m = re.search(r"^B (\S+) GB/s", done.stdout, re.M)
     return float(m.group(1)), done.stdout
+
+
+def table(rows, names, place, args, B):
+    """Prints one placement's table; returns its per-size entries."""
+    med = {n: {s: {k: statistics.median(v) for k, v in d.items()} for s, d in rows[n].items()} for n in names}
+    gloo = [n for n in names if n.startswith("gloo")]
+    mpi = [n for n in names if n.startswith("mpi")]
+
+    def best(group, s, key):
+        vals = [med[n][s][key] for n in group if s in med[n]]
+        if not vals:
+            return float("nan")
+        return max(vals) if key == "busbw" else min(vals)
+
+    head = ["libcomm", "libcomm -R 1"] + (["mpi best"] if mpi else []) + (["gloo best"] if gloo else [])
+    print(f"# {place.replace('_', ' ')}: time (us) and busbw (GB/s); x = the peer's time / libcomm's (> 1: libcomm "
+          "is faster)")
+    print("#" + f"{'size (B)':>11}" + "".join(f"{h + ' us':>17}" for h in head) +
+          "".join(f"{h + ' GB/s':>19}" for h in head) +
+          (f"{'x mpi':>8}{'-R1 x mpi':>11}" if mpi else "") + (f"{'x gloo':>8}" if gloo else ""))
+    out = []
+    for s in sorted(med["libcomm"]):
+        t = {h: med[h][s]["time_us"] for h in ("libcomm", "libcomm -R 1")}
+        bw = {h: med[h][s]["busbw"] for h in ("libcomm", "libcomm -R 1")}
+        if mpi:
+            t["mpi best"], bw["mpi best"] = best(mpi, s, "time_us"), best(mpi, s, "busbw")
+        if gloo:
+            t["gloo best"], bw["gloo best"] = best(gloo, s, "time_us"), best(gloo, s, "busbw")
+        line = f"{s:>12}" + "".join(f"{t[h]:>17.2f}" for h in head) + "".join(f"{bw[h]:>19.3f}" for h in head)
+        entry = {"size": s, "time_us": t, "busbw": bw, "variants": {n: med[n].get(s) for n in names}}
+        if mpi:
+            entry["x_mpi"] = t["mpi best"] / t["libcomm"]
+            entry["x_mpi_R1"] = t["mpi best"] / t["libcomm -R 1"]
+            line += f"{entry['x_mpi']:>8.2f}{entry['x_mpi_R1']:>11.2f}"
+        if gloo:
+            entry["x_gloo"] = t["gloo best"] / t["libcomm"]
+            line += f"{entry['x_gloo']:>8.2f}"
+        out.append(entry)
+        print(line)
+    return out
+
+
+def targets(entries, B):
+    """(what, value, goal) for each of issue 3's targets this run covers."""
+    def at(size):
+        return next((e for e in entries if e["size"] == size), None)
+
+    checks = []
+    e64, e16 = at(64 << 20), at(16 << 20)
+    if e64:
+        checks.append(("ordinary buffers >= 80% of B/3.5 at 64 MiB", e64["busbw"]["libcomm"] / (B / 3.5), 0.8))
+        checks.append(("comm_mem_alloc buffers >= 80% of B/2.5 at 64 MiB", e64["busbw"]["libcomm -R 1"] / (B / 2.5),
+                       0.8))
+    for e, what in ((e16, "16 MiB"), (e64, "64 MiB")):
+        if e and "x_mpi" in e:
+            checks.append((f"ordinary buffers >= 1.3x Open MPI's busbw at {what}", e["x_mpi"], 1.3))
+    if e64 and "x_mpi" in e64:
+        checks.append(("comm_mem_alloc buffers >= 2x Open MPI at 64 MiB", e64["x_mpi_R1"], 2.0))
+    small = [e for e in entries if e["size"] <= 4096 and "x_mpi" in e]
+    if small:
+        worst = min(small, key=lambda e: e["x_mpi"])
+        checks.append((f"time <= Open MPI's from {small[0]['size']} B to 4 KiB (worst: {worst['size']} B)",
+                       worst["x_mpi"], 1.0))
+    return checks
 
 
 def main(argv):
@@ -73,7 +147,10 @@ def main(argv):
     ap.add_argument("--min", default="8")
     ap.add_argument("--max", default="256M")
     ap.add_argument("--factor", default="2")
-    ap.add_argument("--iters", default="20")
+    ap.add_argument("--iters", default="20", help="iterations per size above --split")
+    ap.add_argument("--small-iters", default="1000", help="iterations per size up to --split (latency-bound: the "
+                    "mean of many calls is what a shared machine lets one measure)")
+    ap.add_argument("--split", default="64K")
     ap.add_argument("--warmup", default="5")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--peers", default="mpi,gloo")
@@ -81,27 +158,41 @@ def main(argv):
     ap.add_argument("--place", choices=["in_place", "out_of_place"], default="out_of_place",
                     help="which half of the table to compare (Gloo is in place only: its out-of-place time "
                          "includes a copy)")
+    ap.add_argument("--priority", choices=["none", "rt"], default="none",
+                    help="rt: every run (every library alike) under chrt -f 1, so that other jobs on a shared "
+                         "machine cannot preempt it; use short runs, it holds the cores while it runs")
+    ap.add_argument("--pause", type=float, default=0, help="seconds to sleep between runs (leave the machine to others)")
     ap.add_argument("--build", default=os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")))
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     build = os.path.abspath(args.build)
     out_dir = args.out or os.path.join(HERE, "results", time.strftime("allreduce-%Y%m%d-%H%M%S"))
     os.makedirs(out_dir, exist_ok=True)
-    bench_args = ["-b", args.min, "-e", args.max, "-f", args.factor, "-n", args.iters, "-w", args.warmup,
-                  "-z", "1", "-d", "float", "-o", "sum"]
+    common = ["-f", args.factor, "-w", args.warmup, "-z", "1", "-d", "float", "-o", "sum"]
+    split = size_of(args.split)
+    ranges = []  # (label, comm-bench arguments)
+    if size_of(args.min) <= split:
+        ranges.append(("small", ["-b", args.min, "-e", str(min(split, size_of(args.max))), "-n", args.small_iters]))
+    first_large = size_of(args.min)
+    while first_large <= split:
+        first_large *= int(args.factor)
+    if first_large <= size_of(args.max):
+        ranges.append(("large", ["-b", str(first_large), "-e", args.max, "-n", args.iters]))
+    bench_args = common
 
     runs = variants(args, build)
     names = [n for n, _, _ in runs]
-    rows = {}  # name -> size -> {"time_us": [...], "busbw": [...]} for args.place
+    rows = {}  # placement -> name -> size -> {"time_us": [...], "busbw": [...]}
     limits = []
     for rnd in range(1, args.rounds + 1):
         b, text = copy_bandwidth(args, build)
         limits.append(b)
         with open(os.path.join(out_dir, f"copy-bandwidth.round{rnd}.log"), "w") as f:
             f.write(text)
-        for name, cmd, env in runs:
-            stem = os.path.join(out_dir, f"{name.replace(' ', '_')}.round{rnd}")
-            full = cmd + bench_args + ["--json", stem + ".json", "--label", name]
+        for (name, cmd, env), (part, sizes) in ((r, p) for r in runs for p in ranges):
+            stem = os.path.join(out_dir, f"{name.replace(' ', '_')}.{part}.round{rnd}")
+            time.sleep(args.pause)
+            full = prefix(args) + cmd + sizes + bench_args + ["--json", stem + ".json", "--label", name]
             print(f"# round {rnd}/{args.rounds}: {name}: {' '.join(full)}", file=sys.stderr, flush=True)
             done = subprocess.run(full, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
@@ -112,79 +203,29 @@ def main(argv):
                 sys.exit(f"compare_allreduce.py: {name} failed (status {done.returncode}); log in {stem}.log")
             with open(stem + ".json") as f:
                 for row in json.load(f)["rows"]:
-                    r = rows.setdefault(name, {}).setdefault(row["size"], {"time_us": [], "busbw": []})
-                    r["time_us"].append(row[args.place]["time_us"])
-                    r["busbw"].append(row[args.place]["busbw"])
+                    for place in ("out_of_place", "in_place"):
+                        r = rows.setdefault(place, {}).setdefault(name, {}).setdefault(
+                            row["size"], {"time_us": [], "busbw": []})
+                        r["time_us"].append(row[place]["time_us"])
+                        r["busbw"].append(row[place]["busbw"])
 
-    med = {n: {s: {k: statistics.median(v) for k, v in d.items()} for s, d in rows[n].items()} for n in names}
-    gloo = [n for n in names if n.startswith("gloo")]
-    mpi = [n for n in names if n.startswith("mpi")]
     B = statistics.median(limits)
-    sizes = sorted(med["libcomm"])
-
-    def best(group, s, key):
-        vals = [med[n][s][key] for n in group if s in med[n]]
-        if not vals:
-            return float("nan")
-        return max(vals) if key == "busbw" else min(vals)
-
-    print(f"# all-reduce float32 sum, {args.np} ranks, {args.place.replace('_', ' ')}, blocking calls; "
-          f"median of {args.rounds} alternating rounds")
+    summary = {"np": args.np, "rounds": args.rounds, "priority": args.priority, "B": B, "B_rounds": limits,
+               "command": sys.argv, "bench_args": bench_args, "names": names}
+    print(f"# all-reduce float32 sum, {args.np} ranks, blocking calls; median of {args.rounds} alternating rounds"
+          + (", every run under chrt -f 1" if args.priority == "rt" else ""))
     print(f"# B (read+write GB/s per core, all cores copying) = {B:.2f} (rounds: "
           + ", ".join(f"{x:.2f}" for x in limits) + f"); B/3.5 = {B / 3.5:.2f}, B/2.5 = {B / 2.5:.2f} GB/s")
-    head = ["libcomm", "libcomm -R 1"] + (["mpi best"] if mpi else []) + (["gloo best"] if gloo else [])
-    print("#" + f"{'size (B)':>11}" + "".join(f"{h + ' us':>18}" for h in head) +
-          "".join(f"{h + ' GB/s':>18}" for h in head) +
-          (f"{'x mpi':>9}{'-R1 x mpi':>11}" if mpi else "") + (f"{'x gloo':>9}" if gloo else ""))
-    summary = {"np": args.np, "place": args.place, "rounds": args.rounds, "B": B, "B_rounds": limits,
-               "bench_args": bench_args, "names": names, "sizes": []}
-    for s in sizes:
-        t = {"libcomm": med["libcomm"][s]["time_us"], "libcomm -R 1": med["libcomm -R 1"][s]["time_us"]}
-        bw = {"libcomm": med["libcomm"][s]["busbw"], "libcomm -R 1": med["libcomm -R 1"][s]["busbw"]}
-        if mpi:
-            t["mpi best"], bw["mpi best"] = best(mpi, s, "time_us"), best(mpi, s, "busbw")
-        if gloo:
-            t["gloo best"], bw["gloo best"] = best(gloo, s, "time_us"), best(gloo, s, "busbw")
-        line = f"{s:>12}" + "".join(f"{t[h]:>18.2f}" for h in head) + "".join(f"{bw[h]:>18.3f}" for h in head)
-        entry = {"size": s, "time_us": t, "busbw": bw,
-                 "variants": {n: med[n].get(s) for n in names}}
-        if mpi:
-            entry["x_mpi"] = t["mpi best"] / t["libcomm"]
-            entry["x_mpi_R1"] = t["mpi best"] / t["libcomm -R 1"]
-            line += f"{entry['x_mpi']:>9.2f}{entry['x_mpi_R1']:>11.2f}"
-        if gloo:
-            entry["x_gloo"] = t["gloo best"] / t["libcomm"]
-            line += f"{entry['x_gloo']:>9.2f}"
-        summary["sizes"].append(entry)
-        print(line)
-
-    def at(size):
-        return next((e for e in summary["sizes"] if e["size"] == size), None)
-
-    print("# targets (issue 3):")
-    checks = []
-    e64, e16 = at(64 << 20), at(16 << 20)
-    if e64:
-        checks.append(("ordinary buffers >= 80% of B/3.5 at 64 MiB", e64["busbw"]["libcomm"] / (B / 3.5)))
-        checks.append(("comm_mem_alloc buffers >= 80% of B/2.5 at 64 MiB", e64["busbw"]["libcomm -R 1"] / (B / 2.5)))
-    for e, what in ((e16, "16 MiB"), (e64, "64 MiB")):
-        if e and mpi:
-            checks.append((f"ordinary buffers >= 1.3x Open MPI's busbw at {what}", e["x_mpi"]))
-    if e64 and mpi:
-        checks.append(("comm_mem_alloc buffers >= 2x Open MPI at 64 MiB", e64["x_mpi_R1"]))
-    small = [e for e in summary["sizes"] if e["size"] <= 4096 and mpi]
-    if small:
-        worst = min(small, key=lambda e: e["x_mpi"])
-        checks.append((f"time <= Open MPI's from {small[0]['size']} B to 4 KiB (worst: {worst['size']} B)",
-                       worst["x_mpi"]))
-    need = {"80%": 0.8, "1.3x": 1.3, "2x": 2.0, "time <=": 1.0}
+    for place in ("out_of_place", "in_place"):
+        summary[place] = table(rows[place], names, place, args, B)
+    checks = targets(summary[args.place], B)
+    summary["targets_place"] = args.place
     summary["targets"] = []
-    for what, value in checks:
-        goal = next(v for k, v in need.items() if k in what)
+    print(f"# targets (issue 3), {args.place.replace('_', ' ')}:")
+    for what, value, goal in checks:
         ok = value >= goal
         summary["targets"].append({"target": what, "value": value, "met": ok})
-        print(f"#   {'met    ' if ok else 'MISSED '} {what}: {value:.2f}"
-              + (" of the limit" if "%" in what else "x"))
+        print(f"#   {'met    ' if ok else 'MISSED '} {what}: {value:.2f}" + (" of the limit" if "%" in what else "x"))
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"# logs, JSON and summary.json in {out_dir}")
