@@ -282,7 +282,8 @@ TEST_CASE("host transport per peer class: shm on the host, sockets across; COMM_
   with_ucx.host_transports = {"shm", "ucx", "socket"};
   CHECK(topo::make_plan(ib, topo::Env{}, with_ucx).peer(topo::PeerClass::kOtherHost).host_transport == "ucx");
   // UCX is preferred over IB but not in this build: sockets, and the plan says why.
-  const auto& remote = topo::make_plan(ib, topo::Env{}, topo::Config{}).peer(topo::PeerClass::kOtherHost);
+  topo::Plan default_build = topo::make_plan(ib, topo::Env{}, topo::Config{});
+  const auto& remote = default_build.peer(topo::PeerClass::kOtherHost);
   CHECK(remote.host_transport == "socket");
   CHECK(remote.why.find("UCX is not in this build") != std::string::npos);
 }

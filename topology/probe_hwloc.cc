@@ -339,8 +339,10 @@ void probe_hwloc_live(Topology* topo) {
   HwlocHandle h;
   hwloc_topology_set_io_types_filter(h.t, HWLOC_TYPE_FILTER_KEEP_ALL);
   // Our NVML probe reads NVLink itself; hwloc's CUDA/OpenCL/GL plugins would initialise CUDA or
-  // talk to an X server inside comm_init, which a library must not do.
-  for (const char* name : {"cuda", "opencl", "nvml", "rsmi", "levelzero", "gl"})
+  // talk to an X server inside comm_init, which a library must not do. The libpciaccess plugin
+  // ("pci") leaks on every load (LeakSanitizer sees it in each process); hwloc's Linux backend
+  // reads the same PCI tree from sysfs.
+  for (const char* name : {"cuda", "opencl", "nvml", "rsmi", "levelzero", "gl", "pci"})
     (void)hwloc_topology_set_components(h.t, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, name);
   if (hwloc_topology_load(h.t) != 0) {
     topo->notes.push_back("hwloc: cannot read this machine (" + errno_string(errno) + "); no PCI information");
