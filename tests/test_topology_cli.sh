@@ -5,7 +5,7 @@ set -uo pipefail
 
 COMM_TOPO=${1:?usage: test_topology_cli.sh PATH/TO/comm-topo}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-FIXTURES=${COMM_FIXTURES_DIR:-$HERE/../../shared/fixtures}
+FIXTURES=${COMM_FIXTURES_DIR:-$HERE/fixtures}  # a copy of ../shared/fixtures, in the repository
 fail=0
 check() {  # description, command...
   local what=$1

@@ -16,8 +16,9 @@ namespace topo = comm::topology;
 
 namespace {
 
-// ../shared/fixtures beside the source tree; found from the test binary's path, so it works from
-// any build directory and any working directory. COMM_FIXTURES_DIR overrides.
+// tests/fixtures in the source tree (a copy of ../shared/fixtures, so a clone alone has them),
+// else ../shared/fixtures beside it; found from the test binary's path, so it works from any
+// build directory and any working directory. COMM_FIXTURES_DIR overrides.
 std::string fixtures_dir() {
   if (const char* dir = std::getenv("COMM_FIXTURES_DIR")) return dir;
   char exe[4096] = {};
@@ -25,7 +26,7 @@ std::string fixtures_dir() {
   std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string(".");
   while (!dir.empty()) {
     dir = dir.substr(0, dir.find_last_of('/'));
-    for (const char* rel : {"/shared/fixtures", "/../shared/fixtures"})
+    for (const char* rel : {"/tests/fixtures", "/shared/fixtures", "/../shared/fixtures"})
       if (access((dir + rel + "/README.md").c_str(), R_OK) == 0) return dir + rel;
   }
   return "";
@@ -33,7 +34,7 @@ std::string fixtures_dir() {
 
 topo::Topology load(const std::string& rel) {
   std::string dir = fixtures_dir();
-  INFO("fixtures not found: expected ../shared/fixtures beside the source tree, or set COMM_FIXTURES_DIR");
+  INFO("fixtures not found: expected tests/fixtures in the source tree, or set COMM_FIXTURES_DIR");
   REQUIRE(!dir.empty());
   topo::Topology t;
   comm::Status st = topo::load_topology_file(dir + "/" + rel, &t);
