@@ -112,19 +112,19 @@ bool sendrecv_run(Backend& b, const Call& c) {
   return b.sendrecv(c.send, c.recv, c.count, c.dtype, (c.rank + 1) % c.nranks, (c.rank + c.nranks - 1) % c.nranks);
 }
 
-const Collective kAllreduce = {"allreduce", "all_reduce_perf", true, false, allreduce_counts, false,
+const Collective kAllreduce = {"allreduce", "all_reduce_perf", true, false, allreduce_counts, false, true,
                                allreduce_bus, allreduce_init, allreduce_check, allreduce_run};
-const Collective kAllgather = {"allgather", "all_gather_perf", false, false, allgather_counts, true,
+const Collective kAllgather = {"allgather", "all_gather_perf", false, false, allgather_counts, true, true,
                                ring_share, allgather_init, allgather_check, allgather_run};
 const Collective kReduceScatter = {"reduce_scatter", "reduce_scatter_perf", true, false, reduce_scatter_counts, true,
-                                   ring_share, reduce_scatter_init, reduce_scatter_check, reduce_scatter_run};
-const Collective kBroadcast = {"broadcast", "broadcast_perf", false, true, plain_counts, false,
+                                   true, ring_share, reduce_scatter_init, reduce_scatter_check, reduce_scatter_run};
+const Collective kBroadcast = {"broadcast", "broadcast_perf", false, true, plain_counts, false, true,
                                one, broadcast_init, broadcast_check, broadcast_run};
-const Collective kReduce = {"reduce", "reduce_perf", true, true, plain_counts, false,
+const Collective kReduce = {"reduce", "reduce_perf", true, true, plain_counts, false, true,
                             one, allreduce_init, reduce_check, reduce_run};
-const Collective kAlltoall = {"alltoall", "alltoall_perf", false, false, alltoall_counts, true,
+const Collective kAlltoall = {"alltoall", "alltoall_perf", false, false, alltoall_counts, true, true,
                               ring_share, alltoall_init, alltoall_check, alltoall_run};
-const Collective kSendrecv = {"sendrecv", "sendrecv_perf", false, false, plain_counts, false,
+const Collective kSendrecv = {"sendrecv", "sendrecv_perf", false, false, plain_counts, false, false,
                               one, allreduce_init, sendrecv_check, sendrecv_run};
 
 const Collective* const kAll[] = {&kAllreduce, &kAllgather, &kReduceScatter, &kBroadcast,

@@ -40,6 +40,9 @@ struct Collective {
   bool rooted;            // the table's root column is the root (else -1)
   Counts (*counts)(size_t count, int nranks);
   bool algbw_per_rank;    // algbw = param bytes (x nranks when true) / time
+  // In place is a defined operation (false for sendrecv: sending from and receiving into one
+  // buffer races with the neighbour's read, so that column is timed as nccl-tests does, not checked).
+  bool in_place_checked;
   double (*busbw_factor)(int nranks);
   // Fills this rank's input (Counts::send elements at `send`) for `seed`.
   void (*init)(const DtypeInfo& d, const Call& c, uint64_t seed, unsigned char* send);

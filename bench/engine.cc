@@ -282,9 +282,10 @@ bool Engine::measure(const DtypeInfo& d, comm_op_t op, size_t size, bool in_plac
   const double bytes = static_cast<double>(k.param * d.bytes) * (opt_.coll->algbw_per_rank ? nranks_ : 1);
   m->algbw = seconds > 0 ? bytes / 1e9 / seconds : 0;
   m->busbw = m->algbw * opt_.coll->busbw_factor(nranks_);
-  m->wrong = opt_.check > 0 ? 0 : -1;
+  const bool checked = opt_.check > 0 && (!in_place || opt_.coll->in_place_checked);
+  m->wrong = checked ? 0 : -1;
 
-  for (int i = 0; i < opt_.check && m->wrong == 0; ++i) {
+  for (int i = 0; checked && i < opt_.check && m->wrong == 0; ++i) {
     ++*seed;
     std::memset(recv_, 0xff, std::max(k.send, k.recv) * d.bytes);  // stale output must not pass the check
     opt_.coll->init(d, c, *seed, static_cast<unsigned char*>(const_cast<void*>(c.send)));
