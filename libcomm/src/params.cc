@@ -55,8 +55,8 @@ const std::vector<Param>& all() {
        "shared memory: address space each rank reserves (not allocates) for comm_mem_alloc buffers and staging",
        nullptr},
       {"COMM_SHM_SPIN_US", Type::kInt, "-1",
-       "shared memory: microseconds a wait spins before it sleeps on a futex (-1: 200 when local ranks <= cores, "
-       "else 2)",
+       "shared memory: microseconds a wait spins before it yields or sleeps on a futex (-1: 200 when local "
+       "ranks <= cores; else 0, then sched_yield for up to 1 ms)",
        nullptr},
       // launchers
       {"MASTER_ADDR", Type::kString, "", "torchrun: rank 0's address (the store)", nullptr},

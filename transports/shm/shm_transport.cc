@@ -47,7 +47,8 @@ ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const 
   if (!params::get_int("COMM_SHM_SPIN_US", -1, 1000000, &spin_us).ok()) spin_us = -1;
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   const bool oversubscribed = static_cast<long>(local_ranks_.size()) > cores;
-  if (spin_us < 0) spin_us = oversubscribed ? 2 : 200;
+  // Oversubscribed, the peer may share our core: spinning only delays it, so yield at once.
+  if (spin_us < 0) spin_us = oversubscribed ? 0 : 200;
   spin_ = std::chrono::microseconds(spin_us);
   yield_ = std::chrono::microseconds(oversubscribed ? 1000 : 0);
 }

@@ -222,7 +222,7 @@ Status ShmTransport::await(Step&& step, Slow&& slow) {
       continue;
     }
     if (aborted_.load(std::memory_order_acquire)) return usable();
-    if ((++spins & 63u) != 0) {  // the clock only every 64 rounds: a spin round is ~30 ns
+    if (spin_.count() > 0 && (++spins & 63u) != 0) {  // the clock only every 64 rounds: ~30 ns each
       cpu_relax();
       continue;
     }
