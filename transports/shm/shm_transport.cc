@@ -71,17 +71,18 @@ Status ShmTransport::usable() {
   return failed_;
 }
 
-void ShmTransport::ring(int i) {
+void ShmTransport::ring(int i, bool fenced) {
   ControlLines* l = peers_[static_cast<size_t>(i)].lines;
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // our store, then their flag
+  if (fenced) std::atomic_thread_fence(std::memory_order_seq_cst);  // our store, then their flag
   if (l->sleeping.value.load(std::memory_order_seq_cst) == 0) return;
   l->doorbell.word.fetch_add(1, std::memory_order_seq_cst);
   futex_wake_all(&l->doorbell.word);
 }
 
-void ShmTransport::ring_all() {
+void ShmTransport::ring_all(bool fenced) {
+  if (fenced) std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int i = 0; i < static_cast<int>(peers_.size()); ++i)
-    if (i != me_) ring(i);
+    if (i != me_) ring(i, false);
 }
 
 void ShmTransport::abort() {

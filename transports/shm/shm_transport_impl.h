@@ -24,6 +24,7 @@ constexpr uint32_t kPoolBits = 10;
 constexpr uint32_t kPoolSize = 1u << kPoolBits;  // requests in flight at once
 constexpr uint32_t kNil = UINT32_MAX;
 constexpr long kSliceNs = 20 * 1000 * 1000;  // futex sleeps: abort, deaths and deadlines between slices
+constexpr long kFirstSliceNs = 100 * 1000;   // ... starting this short and doubling
 constexpr uint64_t kRingDepth = 4;           // steps of a large call in flight through the staging rings
 
 WireTag wire_tag(const OpTag& t);
@@ -138,8 +139,11 @@ class ShmTransport final : public Transport, public LocalAccess {
   Status peer_errors();
   Status check_alive(int i, const std::string& during);
   // Wakes local peer i if it sleeps (after a store it may be waiting for).
-  void ring(int i);
-  void ring_all();
+  // fenced: our stores are ordered before the look at their flag (a full fence, which waits
+  // for them to reach the peer's cache). Unfenced, a peer that fell asleep in that instant sees
+  // the store at its next wake-up instead, at most one (short, growing) futex slice later.
+  void ring(int i, bool fenced = true);
+  void ring_all(bool fenced = true);
   std::string me() const;
   std::string who(int i) const { return "rank " + std::to_string(peers_[static_cast<size_t>(i)].rank); }
 
@@ -212,6 +216,7 @@ Status ShmTransport::await(Step&& step, Slow&& slow) {
   auto last_move = Clock::now();
   auto spin_until = last_move + spin_;
   unsigned spins = 0;
+  int sleeps = 0;
   for (;;) {
     bool done = false, moved = false;
     COMM_RETURN_IF_ERROR(step(&done, &moved));
@@ -246,11 +251,13 @@ Status ShmTransport::await(Step&& step, Slow&& slow) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint32_t bell = my_lines_->doorbell.word.load(std::memory_order_seq_cst);
     Status st = step(&done, &moved);
+    // Short slices first (a peer's unfenced ring may just have missed us), growing to kSliceNs.
     if (st.ok() && !done && !moved && !aborted_.load(std::memory_order_acquire))
-      futex_wait(&my_lines_->doorbell.word, bell, kSliceNs);
+      futex_wait(&my_lines_->doorbell.word, bell, std::min(kSliceNs, kFirstSliceNs << std::min(sleeps++, 20)));
     my_lines_->sleeping.value.store(0, std::memory_order_relaxed);
     COMM_RETURN_IF_ERROR(st);
     if (done) return Status::Ok();
+    if (moved) sleeps = 0;
     last_move = moved ? Clock::now() : last_move;
     spin_until = Clock::now() + (moved ? spin_ : std::chrono::nanoseconds(0));
   }

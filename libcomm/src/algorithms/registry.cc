@@ -49,34 +49,45 @@ size_t small_msg_bytes() {
   return value;
 }
 
-// The latency-bound algorithm's name when this call is small enough for it, else nullptr.
-const char* small_choice(const Context& ctx, const CollArgs& args) {
+const Algorithm* find(CollKind kind, const char* name) {
+  for (const auto& a : registry())
+    if (a.kind == kind && std::strcmp(a.name, name) == 0) return &a;
+  return nullptr;
+}
+
+// The registry entry named `name` for `kind`, looked up once per call site (the names are
+// literals) rather than by string compares on every call.
+#define ALGO(kind, name)                                               \
+  ([]() -> const Algorithm* {                                          \
+    static const Algorithm* const entry = find(CollKind::kind, name);  \
+    return entry;                                                      \
+  }())
+
+// The algorithm the size rule picks for this call (it may still say "not me"), else nullptr.
+const Algorithm* small_choice(const Context& ctx, const CollArgs& args) {
   const size_t bytes = args.count * dtype_size(args.dtype);
   switch (args.kind) {
     case CollKind::kAllreduce:
       if (transport::LocalAccess* la = ctx.transport.local()) {
         // One host: shared slots, then the direct algorithm; several: shm inside, rings between.
         if (static_cast<int>(la->local_ranks().size()) == ctx.size)
-          return bytes <= la->slot_bytes() ? "shm_slots" : "shm_direct";
-        if (bytes > small_msg_bytes()) return "hierarchical";
+          return bytes <= la->slot_bytes() ? ALGO(kAllreduce, "shm_slots") : ALGO(kAllreduce, "shm_direct");
+        if (bytes > small_msg_bytes()) return ALGO(kAllreduce, "hierarchical");
       }
-      return bytes <= small_msg_bytes() ? "recursive_doubling" : "ring";
+      return bytes <= small_msg_bytes() ? ALGO(kAllreduce, "recursive_doubling") : ALGO(kAllreduce, "ring");
     case CollKind::kBroadcast:
-      return bytes <= small_msg_bytes() ? "binomial_tree" : "pipelined_chain";
+      return bytes <= small_msg_bytes() ? ALGO(kBroadcast, "binomial_tree") : ALGO(kBroadcast, "pipelined_chain");
     case CollKind::kReduce:
-      return bytes <= small_msg_bytes() ? "binomial_tree" : "ring";
+      return bytes <= small_msg_bytes() ? ALGO(kReduce, "binomial_tree") : ALGO(kReduce, "ring");
     case CollKind::kAllgather:
-      return bytes * static_cast<size_t>(ctx.size) <= small_msg_bytes() ? "recursive_doubling" : "ring";
+      return bytes * static_cast<size_t>(ctx.size) <= small_msg_bytes() ? ALGO(kAllgather, "recursive_doubling")
+                                                                         : ALGO(kAllgather, "ring");
     default:
       return nullptr;
   }
 }
 
-const Algorithm* find(CollKind kind, const char* name) {
-  for (const auto& a : registry())
-    if (a.kind == kind && std::strcmp(a.name, name) == 0) return &a;
-  return nullptr;
-}
+#undef ALGO
 
 std::string known_names() {
   std::string text;
@@ -120,9 +131,8 @@ Status select(const Context& ctx, const CollArgs& args, const std::string& force
   }
 
   const Algorithm* chosen = nullptr;
-  if (const char* name = small_choice(ctx, args)) {
-    const Algorithm* a = find(args.kind, name);
-    if (a != nullptr && a->can_run(ctx, args)) chosen = a;
+  if (const Algorithm* a = small_choice(ctx, args)) {
+    if (a->can_run(ctx, args)) chosen = a;
   }
   for (const auto& a : registry()) {
     if (chosen != nullptr) break;
