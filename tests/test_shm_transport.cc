@@ -2,6 +2,10 @@
 // threads: messages of every size in posting order, tag checks, bounded waits, abort, peers'
 // failures, and nothing left in /dev/shm once the segments are mapped.
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -14,6 +18,8 @@
 #include <vector>
 
 #include "support/shm_fabric.h"
+#include "transports/shm/layout.h"
+#include "transports/shm/segment.h"
 #include "transports/transport.h"
 
 using comm::Status;
@@ -214,4 +220,45 @@ TEST_CASE("shm: a peer's reported failure ends this rank's wait: REMOTE, and INV
     CHECK(st.message().find("rank 2 saw something odd") != std::string::npos);
     CHECK(ms < 2000);
   }
+}
+
+namespace {
+
+// A segment as a rank leaves it when killed before unlinking it: libcomm's header, owner `pid`.
+bool plant_segment(const std::string& name, pid_t pid) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return false;
+  comm::transport::shm::OwnerPrefix owner{};
+  owner.magic = comm::transport::shm::kControlMagic;
+  owner.version = comm::transport::shm::kLayoutVersion;
+  owner.pid = pid;
+  owner.pid_ns = comm::transport::shm::pid_namespace();
+  const bool ok = ftruncate(fd, 4096) == 0 && pwrite(fd, &owner, sizeof owner, 0) == sizeof owner;
+  close(fd);
+  return ok;
+}
+
+bool exists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd >= 0) close(fd);
+  return fd >= 0;
+}
+
+}  // namespace
+
+TEST_CASE("shm: segments of a rank killed before unlinking them are removed at the next init; a live "
+          "owner's stay",
+          "[shm]") {
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  REQUIRE(dead > 0);
+  waitpid(dead, nullptr, 0);
+  const std::string tag = std::to_string(getpid());
+  const std::string orphan = "/comm-orphantest-" + tag + "-0c", live = "/comm-livetest-" + tag + "-0c";
+  REQUIRE(plant_segment(orphan, dead));
+  REQUIRE(plant_segment(live, getpid()));
+  CHECK(comm::transport::shm::remove_orphans() >= 1);
+  CHECK(!exists(orphan));
+  CHECK(exists(live));
+  shm_unlink(live.c_str());
 }

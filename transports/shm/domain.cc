@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -30,11 +31,6 @@ constexpr int kUseKill = -2;  // kernel without pidfd_open: kill(pid, 0)
 
 uint64_t probe_value(int world_rank) { return 0x70726f6265000000ull ^ static_cast<uint64_t>(world_rank); }
 
-uint64_t pid_namespace() {
-  struct stat st {};
-  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
-}
-
 std::mutex& registry_mu() {
   static std::mutex mu;
   return mu;
@@ -53,6 +49,11 @@ Domain::~Domain() {
 }
 
 Status Domain::create(const DomainConfig& config, Store& store, std::shared_ptr<Domain>* out) {
+  static const int orphans = remove_orphans();  // once per process
+  static std::atomic<bool> said{false};
+  if (orphans > 0 && !said.exchange(true))
+    COMM_WARN(kNet, "%s: removed %d shared-memory segment(s) of ranks killed while setting up", config.label.c_str(),
+              orphans);
   auto d = std::make_shared<Domain>();
   d->config_ = config;
   const std::string name = segment_name(config.secret, "0", config.world_rank, 'a');

@@ -69,10 +69,21 @@ struct alignas(kLine) CallDesc {
   uint64_t mark_base[kMarks];  // the owner's mark counters when the call began
 };
 
+// The first bytes of every segment: whose it is. A segment whose owner died before unlinking
+// it (killed during setup) is removed by the next job's init on this host (remove_orphans).
+struct OwnerPrefix {
+  uint64_t magic;
+  uint32_t version;
+  int32_t pid;
+  uint64_t pid_ns;  // inode of the owner's pid namespace: pids mean nothing across namespaces
+};
+static_assert(sizeof(OwnerPrefix) == 24);
+
 struct alignas(kPage) ControlHeader {
   uint64_t magic;
   uint32_t version;
   int32_t pid;
+  uint64_t pid_ns;
   uint64_t self_address;  // where the owner maps this segment (the process_vm_readv probe)
   uint64_t segment_bytes;
   uint32_t comm_size;
@@ -120,11 +131,13 @@ struct alignas(kPage) ArenaHeader {
   uint64_t magic;
   uint32_t version;
   int32_t pid;
+  uint64_t pid_ns;
   uint64_t self_address;
   uint64_t bytes;
   uint64_t probe_word;
-  uint64_t pid_ns;  // inode of the owner's pid namespace: pids mean nothing across namespaces
 };
+static_assert(offsetof(ControlHeader, pid_ns) == offsetof(OwnerPrefix, pid_ns) &&
+              offsetof(ArenaHeader, pid_ns) == offsetof(OwnerPrefix, pid_ns));
 
 // The head of a small-message slot: the call number, written last, shares its cache line
 // with the tag and the first 32 bytes of data, so a reader waiting on it pulls all three in

@@ -5,8 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <signal.h>
+
 #include <cerrno>
+#include <cstring>
 #include <utility>
+
+#include "transports/shm/layout.h"
 
 namespace comm::transport::shm {
 
@@ -93,6 +99,36 @@ std::string segment_name(const std::string& secret, const std::string& comm_id, 
   for (size_t i = 1; i < name.size(); ++i)
     if (name[i] == '/') name[i] = '_';
   return name;
+}
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+int remove_orphans() {
+  const uint64_t my_ns = pid_namespace();
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr || my_ns == 0) {
+    if (dir != nullptr) closedir(dir);
+    return 0;
+  }
+  int removed = 0;
+  while (dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind("comm-", 0) != 0) continue;
+    const int fd = shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) continue;
+    OwnerPrefix owner{};
+    const bool read_all = pread(fd, &owner, sizeof owner, 0) == static_cast<ssize_t>(sizeof owner);
+    close(fd);
+    if (!read_all || (owner.magic != kControlMagic && owner.magic != kArenaMagic)) continue;
+    if (owner.pid_ns != my_ns || owner.pid <= 0) continue;
+    if (kill(owner.pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
 }
 
 }  // namespace comm::transport::shm

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "status.h"
@@ -47,5 +48,13 @@ class Segment {
 
 // "/comm-<16 hex of the secret>-<comm id>-<rank><kind>": unique per job, communicator and rank.
 std::string segment_name(const std::string& secret, const std::string& comm_id, int rank, char kind);
+
+// Inode of this process's pid namespace (0 if unknown).
+uint64_t pid_namespace();
+
+// Unlinks libcomm segments in /dev/shm whose owner, in this pid namespace, is gone: a rank
+// killed between creating its segments and the barrier after which they are unlinked. Live
+// owners' segments and other namespaces' are left alone. Returns how many were removed.
+int remove_orphans();
 
 }  // namespace comm::transport::shm

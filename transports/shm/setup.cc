@@ -25,13 +25,13 @@ size_t fragment_bytes(size_t local_size) {
 }
 
 // A barrier over the store: every rank adds itself; the last one opens the gate.
-Status store_barrier(Store& store, int size, Deadline deadline) {
+Status store_barrier(Store& store, const std::string& name, int size, Deadline deadline, const char* what) {
   int64_t arrived = 0;
-  COMM_RETURN_IF_ERROR(store.add("arrived", 1, &arrived));
-  if (arrived == size) return store.set("gate", "1");
+  COMM_RETURN_IF_ERROR(store.add(name + "/arrived", 1, &arrived));
+  if (arrived == size) return store.set(name + "/gate", "1");
   std::string ignored;
-  Status st = store.get("gate", &ignored, deadline);
-  if (!st.ok()) return Timeout("not every rank finished setting up shared memory in time (" + st.message() + ")");
+  Status st = store.get(name + "/gate", &ignored, deadline);
+  if (!st.ok()) return Timeout(std::string("not every rank ") + what + " in time (" + st.message() + ")");
   return Status::Ok();
 }
 
@@ -45,6 +45,7 @@ Status ShmTransport::create_own(const std::string& secret, const std::string& co
   auto* h = new (base) ControlHeader();
   h->version = kLayoutVersion;
   h->pid = static_cast<int32_t>(getpid());
+  h->pid_ns = pid_namespace();
   h->self_address = reinterpret_cast<uint64_t>(base);
   h->segment_bytes = g.total();
   h->comm_size = static_cast<uint32_t>(size());
@@ -114,6 +115,10 @@ Status connect_shm(const Options& options, const ShmConfig& config, std::shared_
     if (options.host_of[static_cast<size_t>(r)] == options.host_of[static_cast<size_t>(options.rank)]) local.push_back(r);
   auto world_of = [&](int r) { return config.world_ranks.empty() ? r : config.world_ranks[static_cast<size_t>(r)]; };
 
+  // Nobody creates a segment before every rank is here: a rank killed while it waits for a
+  // late or failed peer then leaves nothing behind. What is created is unlinked within the
+  // setup's few milliseconds; a kill inside them leaves segments the next job removes.
+  COMM_RETURN_IF_ERROR(store_barrier(store, "enter", n, deadline, "reached shared-memory setup"));
   std::string failure;
   std::unique_ptr<ShmTransport> t;
   bool created_domain = false;
@@ -166,7 +171,7 @@ Status connect_shm(const Options& options, const ShmConfig& config, std::shared_
     int64_t ignored = 0;
     COMM_RETURN_IF_ERROR(store.add("nocma", 1, &ignored));
   }
-  Status barrier = store_barrier(store, n, deadline);
+  Status barrier = store_barrier(store, "mapped", n, deadline, "finished setting up shared memory");
   if (t) t->unlink_own();
   if (created_domain) (*domain)->unlink_own();
   COMM_RETURN_IF_ERROR(barrier);
