@@ -9,6 +9,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -251,7 +252,7 @@ TEST_CASE("ucx: notify_peers reaches a rank that waits on someone else; REMOTE u
 
 TEST_CASE("ucx: a peer whose transport is torn down mid-wait ends the wait with REMOTE", "[ucx]") {
   if (!ucx_built()) return;
-  World w = make_world(2);
+  World w = make_world(2, 4000);
   // Connect both ways first, as a communicator's init barrier does.
   REQUIRE(run_ranks(2, [&](int r) -> std::string {
             char a = 1, b = 0;
@@ -264,10 +265,18 @@ TEST_CASE("ucx: a peer whose transport is torn down mid-wait ends the wait with 
   w.ranks[1]->abort();  // a crashed process: its endpoints close without a goodbye
   w.ranks[1].reset();
   rank0.thread.join();
+  INFO(rank0.status.message());
+  // Over shared memory alone (UCX_TLS=posix/sysv) UCX has no failure handling: a dead process
+  // is seen by its pid (tests/abi, processes), a torn-down thread only by the deadline.
+  const char* tls = std::getenv("UCX_TLS");
+  if (tls != nullptr && *tls != '\0' && std::string(tls).find("tcp") == std::string::npos) {
+    CHECK(rank0.status.code() == COMM_ERR_TIMEOUT);
+    return;
+  }
   CHECK(rank0.status.code() == COMM_ERR_REMOTE);
   CHECK_THAT(rank0.status.message(), Catch::Contains("rank 1 failed"));
   CHECK_THAT(rank0.status.message(), Catch::Contains("during allreduce #5"));
-  CHECK(rank0.seconds < 10.0);
+  CHECK(rank0.seconds < 4.0);
 }
 
 TEST_CASE("ucx: a wait with no progress times out after timeout_ms naming the peer", "[ucx]") {

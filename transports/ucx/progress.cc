@@ -2,6 +2,7 @@
 // callbacks, waits that spin briefly and then block on the worker's event fd, the checks of
 // each arrived header, and failure reports in both directions.
 #include <poll.h>
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -240,6 +241,16 @@ Status UcxTransport::check_pending(Request& r) {
                      describe(r.tag) + " (did it exit or crash?)");
 }
 
+void UcxTransport::check_pids() {
+  for (Peer& p : peers_) {
+    if (!p.watch_pid || p.failed) continue;
+    if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+      p.failed = true;
+      p.reason = "its process " + std::to_string(p.pid) + " is gone";
+    }
+  }
+}
+
 // ---- waits -----------------------------------------------------------------------------------
 
 Status UcxTransport::block(int timeout_ms) {
@@ -299,6 +310,10 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
       continue;
     }
     if (events > 0 || now < spin_until) continue;
+    if (now >= next_pid_check_) {  // only while blocked, and a few times a second
+      check_pids();
+      next_pid_check_ = now + std::chrono::milliseconds(100);
+    }
     COMM_RETURN_IF_ERROR(block(ceil_ms(timeout - (now - last_move))));
   }
   for (size_t i = 0; i < n; ++i) release(ids[i] & (kPoolSize - 1));

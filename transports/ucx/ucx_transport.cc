@@ -2,9 +2,11 @@
 // wakeup), the worker's address published in the communicator's store, an endpoint per peer
 // with UCX's peer-failure handling, so a dead peer ends waits with COMM_ERR_REMOTE.
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "log.h"
@@ -51,6 +53,11 @@ uint64_t job_key(const std::string& secret) {
 }
 
 std::string ucs(ucs_status_t s) { return ucs_status_string(s); }
+
+std::string pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? std::to_string(st.st_ino) : "?";
+}
 
 }  // namespace
 
@@ -123,7 +130,9 @@ Status UcxTransport::setup() {
   size_t address_len = 0;
   s = ucp_worker_get_address(worker_, &address, &address_len);
   if (s != UCS_OK) return Internal(me() + ": UCX transport: ucp_worker_get_address failed: " + ucs(s));
-  const std::string mine = hex(address, address_len);
+  // The address, and this process's pid and pid namespace: a peer reached only over shared
+  // memory (no UCX failure detection there) is checked for death by its pid.
+  const std::string mine = hex(address, address_len) + "|" + std::to_string(::getpid()) + "|" + pid_namespace();
   ucp_worker_release_address(worker_, address);
   COMM_RETURN_IF_ERROR(options_.store->set("ucx/addr/" + std::to_string(rank()), mine));
 
@@ -136,9 +145,12 @@ Status UcxTransport::setup() {
     if (!st.ok())
       return Timeout(me() + ": UCX transport: rank " + std::to_string(r) + " did not publish its UCX address within " +
                      std::to_string(options_.timeout_ms) + " ms (is it running, with COMM_TRANSPORT=ucx too?)");
-    if (!unhex(text, &remote) || remote.empty())
+    const size_t bar = text.find('|');
+    const size_t bar2 = bar == std::string::npos ? bar : text.find('|', bar + 1);
+    if (bar2 == std::string::npos || !unhex(text.substr(0, bar), &remote) || remote.empty())
       return RemoteError(me() + ": UCX transport: rank " + std::to_string(r) + " published a malformed UCX address");
     Peer& peer = peers_[static_cast<size_t>(r)];
+    if (text.substr(bar2 + 1) == pid_namespace()) peer.pid = atoi(text.substr(bar + 1, bar2 - bar - 1).c_str());
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -147,6 +159,18 @@ Status UcxTransport::setup() {
     ep.err_handler.cb = &UcxTransport::on_peer_failure;
     ep.err_handler.arg = &peer;
     s = ucp_ep_create(worker_, &ep, &peer.ep);
+    if (s == UCS_ERR_UNREACHABLE) {
+      // UCX 1.13 offers no peer-failure handling over shared memory alone (UCX_TLS=posix/sysv):
+      // connect without it, and watch that peer's pid instead (same host, same pid namespace).
+      ep.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      s = ucp_ep_create(worker_, &ep, &peer.ep);
+      if (s == UCS_OK) {
+        peer.watch_pid = peer.pid > 0;
+        COMM_INFO(kNet, "%s: UCX endpoint to rank %d has no failure handling on these transports; %s", me().c_str(), r,
+                  peer.watch_pid ? "its pid is watched instead" : "a dead peer shows as a timeout");
+      }
+    }
     if (s != UCS_OK)
       return SystemError(me() + ": UCX transport: connecting to rank " + std::to_string(r) + " failed: " + ucs(s) +
                          " (do both hosts share a UCX transport? see UCX_TLS and `ucx_info -d`)");

@@ -91,6 +91,8 @@ struct Peer {
   bool failed = false;     // UCX reported the endpoint broken (peer died or reset)
   std::string reason;
   uint64_t sent = 0, received = 0;  // messages posted to / expected from this peer
+  int pid = 0;             // its process, when it shares this pid namespace
+  bool watch_pid = false;  // no UCX failure handling to this peer: its pid is checked instead
 };
 
 class UcxTransport final : public Transport {
@@ -127,6 +129,7 @@ class UcxTransport final : public Transport {
   Status drive(const RequestId* ids, size_t n, bool any);
   Status check(Request& r);        // a finished request: statuses, then the header against the posted call
   Status check_pending(Request& r);  // an unfinished one: is its peer still there?
+  void check_pids();               // peers watched by pid: gone means failed
   Status block(int timeout_ms);    // arm the worker and poll its fd and ours
   Status peer_report();            // a peer's failure report, as this rank's failure
   Status usable();
@@ -155,6 +158,7 @@ class UcxTransport final : public Transport {
   ErrorFrame outgoing_;     // this rank's own report (notify_peers), alive while UCX sends it
   Part report_part_;
   bool report_arrived_ = false;
+  Clock::time_point next_pid_check_{};
   uint64_t completions_ = 0;  // operations finished: "no progress" means this stood still
   std::atomic<bool> aborted_{false};
   std::atomic<bool> woken_{false};
