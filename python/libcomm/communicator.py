@@ -215,8 +215,14 @@ class Communicator:
         if recvbuf is None:
             recvbuf = sendbuf if alloc_count is None else empty_like(sendbuf, alloc_count(send),
                                                                      send)
-        recv = send if recvbuf is sendbuf else as_buf(recvbuf, dtype or send.dtype,
-                                                      f"{op}: recvbuf")
+        if recvbuf is sendbuf:
+            recv = send
+        else:
+            # Typed buffers say their dtype (checked against the send side); raw bytes
+            # take the send side's.
+            typed = isinstance(recvbuf, np.ndarray) or type(recvbuf).__module__.startswith("torch")
+            recv = as_buf(recvbuf, dtype if (dtype is not None or typed) else send.dtype,
+                          f"{op}: recvbuf")
         if recv.dtype != send.dtype:
             raise invalid(f"libcomm: {op}: sendbuf holds {DTYPE_NAMES[send.dtype]} but recvbuf "
                           f"{DTYPE_NAMES[recv.dtype]}; both must be the same dtype")

@@ -81,7 +81,7 @@ def check(status, what):
         return
     detail = (lib.comm_last_error(None) or b"").decode(errors="replace")
     name = status_string(status)
-    message = f"{what}: {name}" + (f": {detail}" if detail else "")
+    message = f"{what}: {name}" + (f"; {detail}" if detail else "")
     raise _BY_STATUS.get(status, CommError)(message, status)
 
 
