@@ -3,6 +3,7 @@
 // with UCX's peer-failure handling, so a dead peer ends waits with COMM_ERR_REMOTE.
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -175,6 +176,7 @@ Status UcxTransport::setup() {
       return SystemError(me() + ": UCX transport: connecting to rank " + std::to_string(r) + " failed: " + ucs(s) +
                          " (do both hosts share a UCX transport? see UCX_TLS and `ucx_info -d`)");
   }
+  COMM_RETURN_IF_ERROR(connect_all(deadline));
   std::string tls;
   if (const char* v = getenv("UCX_TLS")) tls = v;
   unsigned major = 0, minor = 0, release = 0;
@@ -182,6 +184,48 @@ Status UcxTransport::setup() {
   COMM_INFO(kNet, "%s: UCX %u.%u.%u, %d endpoints, UCX_TLS=%s, waits %s", me().c_str(), major, minor, release,
             size() - 1, tls.empty() ? "(UCX's choice)" : tls.c_str(),
             worker_fd_ >= 0 ? "block on the worker's event fd" : "nap");
+  return Status::Ok();
+}
+
+// UCX connects an endpoint on first use, which needs both sides to progress. Done here, while
+// every rank is in setup: flush each endpoint (it completes once the endpoint is wired up), then
+// keep progressing until every rank has, so no rank leaves while a peer still needs its answer.
+// Afterwards a message (a failure report above all) leaves at once, without waiting for a peer.
+Status UcxTransport::connect_all(const Deadline& deadline) {
+  std::vector<void*> flushes;
+  for (Peer& p : peers_) {
+    if (p.ep == nullptr) continue;
+    ucp_request_param_t rp{};
+    void* req = ucp_ep_flush_nbx(p.ep, &rp);
+    if (UCS_PTR_IS_ERR(req))
+      return SystemError(me() + ": UCX transport: connecting to rank " + std::to_string(p.rank) +
+                         " failed: " + ucs(UCS_PTR_STATUS(req)));
+    if (req != nullptr) flushes.push_back(req);
+  }
+  for (void* req : flushes) {
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucp_worker_progress(worker_);
+    const ucs_status_t s = ucp_request_check_status(req);
+    ucp_request_free(req);
+    if (s == UCS_INPROGRESS)
+      return Timeout(me() + ": UCX transport: endpoints not connected within " + std::to_string(options_.timeout_ms) +
+                     " ms (are all ranks running, and do their hosts share a UCX transport? see UCX_TLS)");
+    if (s != UCS_OK) return SystemError(me() + ": UCX transport: connecting to a peer failed: " + ucs(s));
+  }
+  int64_t ready = 0;
+  COMM_RETURN_IF_ERROR(options_.store->add("ucx/connected", 1, &ready));
+  auto next_look = Clock::now();
+  while (ready < size()) {
+    if (ucp_worker_progress(worker_) == 0) {
+      timespec nap{0, 20 * 1000};  // ranks may outnumber cores: leave them the CPU
+      nanosleep(&nap, nullptr);
+    }
+    if (Clock::now() < next_look) continue;
+    if (deadline.expired())
+      return Timeout(me() + ": UCX transport: only " + std::to_string(ready) + " of " + std::to_string(size()) +
+                     " ranks connected their UCX endpoints within " + std::to_string(options_.timeout_ms) + " ms");
+    COMM_RETURN_IF_ERROR(options_.store->add("ucx/connected", 0, &ready));
+    next_look = Clock::now() + std::chrono::microseconds(200);
+  }
   return Status::Ok();
 }
 

@@ -124,6 +124,7 @@ class UcxTransport final : public Transport {
   static void on_peer_failure(void* arg, ucp_ep_h ep, ucs_status_t status);
 
  private:
+  Status connect_all(const Deadline& deadline);
   Status post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
   Status start(Part& part, bool is_send, ucp_ep_h ep, void* buf, size_t bytes, uint64_t tag);
   Status drive(const RequestId* ids, size_t n, bool any);
