@@ -69,6 +69,30 @@ check(rc == 0 and "entry #1 (allreduce, 4 ranks, shm) ignored: written for 4 ran
 check("allreduce of 1048576 bytes applies tuning profile entry #0" in out and "chunk_bytes=65536" in out and
       "1.100x" in out, "COMM_DEBUG=INFO says which entry a call applied, and why", out)
 
+# Ranks that load different profiles fail at init, naming the difference (the hash is agreed).
+def two_ranks_two_profiles():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, entries in ((0, [E_OK]), (1, [E_FOUR])):
+        path = os.path.join(TMP, f"rank{rank}.json")
+        with open(path, "w") as f:
+            f.write(profile(entries))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COMM_")}
+        env.update(COMM_TUNING_FILE=path, COMM_TIMEOUT_MS="20000", RANK=str(rank), WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([BENCH, "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    return [p.returncode for p in procs], "".join(outs)
+
+
+rcs, out = two_ranks_two_profiles()
+check(all(rc != 0 for rc in rcs) and out.count("tuning profile hash (COMM_TUNING_FILE): rank") >= 2,
+      "ranks that load different profiles both fail at init, naming the tuning profile hash", out)
+
 # The environment beats the profile.
 rc, out = bench(profile([E_OK]), {"COMM_DEBUG": "INFO", "COMM_DEBUG_SUBSYS": "INIT,ALG",
                                   "COMM_CHUNK_BYTES": "262144"})
