@@ -66,9 +66,10 @@ def document(entries, meta):
     return {"format": FORMAT, "version": VERSION, **meta, "entries": entries}
 
 
-def transport_name(transport, hosts):
-    """The profile's transport for a sweep: what libcomm's matcher calls the communicator."""
-    if transport == "socket":
+def transport_name(transport, hosts, ranks):
+    """The profile's transport for a sweep: what libcomm's matcher calls the communicator
+    (one rank per host, as under netsim, is "socket")."""
+    if transport == "socket" or hosts >= ranks:
         return "socket"
     return "shm" if hosts == 1 else "shm+socket"
 
