@@ -93,6 +93,11 @@ rcs, out = two_ranks_two_profiles()
 check(all(rc != 0 for rc in rcs) and out.count("tuning profile hash (COMM_TUNING_FILE): rank") >= 2,
       "ranks that load different profiles both fail at init, naming the tuning profile hash", out)
 
+# A profile's algorithm that cannot run a call falls back, the warning naming the entry.
+rc, out = bench(profile([dict(E_OK, settings={"algo": "hierarchical"})]))
+check(rc == 0 and "tuning profile entry #0 (allreduce, 2 ranks, shm, 4096..2097152 bytes): algo=hierarchical "
+      "cannot run allreduce" in out, "an algorithm that cannot run falls back, naming the entry", out)
+
 # The environment beats the profile.
 rc, out = bench(profile([E_OK]), {"COMM_DEBUG": "INFO", "COMM_DEBUG_SUBSYS": "INIT,ALG",
                                   "COMM_CHUNK_BYTES": "262144"})

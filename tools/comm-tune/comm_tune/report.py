@@ -43,7 +43,7 @@ def heatmap(path_stem, title, sizes, results):
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.99), vmax=max(hi, 1.01))
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 1.2 + 0.45 * len(sizes)))
     im = ax.imshow(data, cmap="RdBu", norm=norm, aspect="auto")
-    ax.set_xticks(range(len(names)), [n.replace(" ", "\n") for n in names], fontsize=7)
+    ax.set_xticks(range(len(names)), [n.replace(" ", "\n").replace("=", "=\n") for n in names], fontsize=7)
     ax.set_yticks(range(len(sizes)), [human(s) for s in sizes], fontsize=8)
     ax.set_xlabel("setting")
     ax.set_ylabel("message size (bytes)")
