@@ -130,6 +130,11 @@ def run_steps(comm, engine, steps=3, accumulate=1, branches=False, find_unused=F
             opt_b.zero_grad()
             compare_params(theirs, ours, f"{what} step {step}")
         identical_on_every_rank(comm, ours.module, what)
+        if engine == "engine" and "first_bucket_mb" in opts:
+            s = ours.stats()
+            assert s["num_buckets"] >= 3, f"{what}: {s['num_buckets']} buckets; the case needs several"
+            if opts.get("static_graph"):
+                assert s["layout_version"] == 2, f"{what}: no static-graph rebuild: {s}"
         return ours
     finally:
         ours.close()
@@ -145,10 +150,10 @@ def gradients_equal_torch_ddp(comm):
 @case
 def gradient_as_bucket_view_and_static_graph(comm):
     for engine in USE:
-        run_steps(comm, engine, gradient_as_bucket_view=True, bucket_cap_mb=0.005)
-        run_steps(comm, engine, static_graph=True, bucket_cap_mb=0.005)
+        run_steps(comm, engine, gradient_as_bucket_view=True, bucket_cap_mb=0.005, first_bucket_mb=0.002)
+        run_steps(comm, engine, static_graph=True, bucket_cap_mb=0.005, first_bucket_mb=0.002)
         run_steps(comm, engine, steps=4, static_graph=True, gradient_as_bucket_view=True,
-                  bucket_cap_mb=0.005)
+                  bucket_cap_mb=0.005, first_bucket_mb=0.002)
 
 
 @case
