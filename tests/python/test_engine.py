@@ -81,6 +81,20 @@ def bucket_views_and_no_sync(comm):
 
 
 @case
+def wire_dtype_bfloat16_within_its_rounding(comm):
+    with make(comm, wire_dtype="bf16") as eng:
+        gs = grads(comm.rank, 7)
+        eng.begin()
+        for i in reversed(range(len(SIZES))):
+            eng.grad_ready(i, gs[i])
+        eng.end()
+        for g, want in zip(gs, expected(comm, 7)):
+            # bf16 keeps 8 significant bits: each input and the result round once.
+            np.testing.assert_allclose(g, want, rtol=2 ** -6, atol=2 ** -6)
+        assert eng.stats()["bytes"] == 2 * sum(SIZES)
+
+
+@case
 def misuse_raises_with_a_message(comm):
     eng = make(comm)
     try:
