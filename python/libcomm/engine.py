@@ -165,8 +165,9 @@ class Engine:
             ptr = as_buf(grad, what=f"grad_ready: gradient {index}").ptr or None
             # end() writes the result there: the array must outlive the step.
             self._held[index] = grad
-        check(lib.comm_engine_grad_ready(self._live(), int(index), ptr),
-              f"comm_engine_grad_ready (rank {self.rank}, gradient {index})")
+        status = lib.comm_engine_grad_ready(self._live(), int(index), ptr)
+        if status:  # the message is only built on failure: this runs once per gradient
+            check(status, f"comm_engine_grad_ready (rank {self.rank}, gradient {index})")
 
     def grad_view(self, index):
         """With gradient_as_bucket_view: the address of gradient `index` in the bucket storage
