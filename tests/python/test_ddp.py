@@ -6,6 +6,7 @@ grads None where torch leaves None), gradient_as_bucket_view and static_graph.
 LIBCOMM_TEST_ENGINES (comma list): "engine" (libcomm's gradient engine) and/or "reference"
 (tests/python/reference_engine.py: one plain all-reduce per gradient)."""
 
+import datetime
 import os
 import socket
 
@@ -57,7 +58,8 @@ def gloo(comm):
             port[0] = s.getsockname()[1]
     comm.broadcast(port, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}",
-                            rank=comm.rank, world_size=comm.size)
+                            rank=comm.rank, world_size=comm.size,
+                            timeout=datetime.timedelta(seconds=60))  # a failed peer: no 30 min wait
 
 
 def twin_models(comm, branches=False):
