@@ -7,6 +7,7 @@ LIBCOMM_TEST_ENGINES (comma list): "engine" (libcomm's gradient engine) and/or "
 (tests/python/reference_engine.py: one plain all-reduce per gradient)."""
 
 import datetime
+import warnings
 import os
 import socket
 
@@ -19,6 +20,9 @@ import libcomm
 from harness import case, expect_raises, main
 from libcomm.torch_ddp import DistributedDataParallel
 from reference_engine import ReferenceEngine
+
+# torch warns that static_graph makes find_unused_parameters redundant; both are tested on purpose.
+warnings.filterwarnings("ignore", message=".*_set_static_graph.*")
 
 ENGINES = {"engine": libcomm.Engine, "reference": ReferenceEngine}
 USE = [e for e in os.environ.get("LIBCOMM_TEST_ENGINES", "engine,reference").split(",") if e]
@@ -172,6 +176,8 @@ def unused_parameters(comm):
         names = [n for n, p in ours.module.named_parameters()]
         assert sorted(names[i] for i in ours.unused_parameters) == ["never.bias", "never.weight"]
         run_steps(comm, engine, branches=True, find_unused=True, gradient_as_bucket_view=True)
+        run_steps(comm, engine, steps=4, branches=True, find_unused=True, static_graph=True,
+                  gradient_as_bucket_view=True, bucket_cap_mb=0.005, first_bucket_mb=0.002)
 
 
 @case
