@@ -21,6 +21,9 @@
 namespace comm::transport::shm {
 class Domain;
 }
+namespace comm::device {
+class State;
+}
 
 struct comm_request_s {
   comm_t comm = nullptr;
@@ -58,6 +61,9 @@ struct comm_s {
   std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
   std::unique_ptr<comm::transport::Transport> transport;
   comm::algo::Scratch scratch;
+  // Device buffers (transports/nccl): the NCCL communicator or the staging buffer; made at
+  // init with COMM_TRANSPORT=nccl, else at the first call with a stream.
+  std::shared_ptr<comm::device::State> device;
 
   // Issue-order state, touched only by the thread that uses the communicator.
   uint64_t next_seq = 1;
