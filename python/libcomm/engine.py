@@ -1,0 +1,213 @@
+"""Engine: the gradient engine of comm.h (comm_engine_*): bucketed, overlapped all-reduce.
+
+    eng = Engine(comm, bucket_cap_bytes=25 << 20)
+    idx = [eng.register(p.size, "float32") for p in params]   # definition order
+    eng.finalize()                                            # collective: every rank the same list
+    each step: eng.begin(sync=True); eng.grad_ready(i, grad_i) as backward makes each; eng.end()
+
+grad_ready may be called from any thread and returns at once; end() blocks until every
+reported gradient holds the reduced value (avg by default).
+"""
+
+import ctypes
+
+from . import errors
+from ._lib import COMM_UNSET, c_comm, c_engine, c_status, lib
+from .buffers import as_buf, dtype_code
+from .communicator import op_code
+from .errors import check, invalid
+
+COMM_ENGINE_CONFIG_VERSION = 1
+COMM_ENGINE_STATS_VERSION = 1
+MAX_BUCKETS = 64
+MAX_UNUSED = 64
+
+
+class EngineConfig(ctypes.Structure):
+    """comm_engine_config_t (comm.h); every field COMM_UNSET / NULL unless set."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_int),
+        ("bucket_cap_bytes", ctypes.c_int64),
+        ("first_bucket_bytes", ctypes.c_int64),
+        ("op", ctypes.c_int),
+        ("wire_dtype", ctypes.c_int),
+        ("gradient_as_bucket_view", ctypes.c_int),
+        ("static_graph", ctypes.c_int),
+        ("find_unused_parameters", ctypes.c_int),
+        ("stream", ctypes.c_void_p),
+        ("trace_file", ctypes.c_char_p),
+    ]
+
+
+class BucketStats(ctypes.Structure):
+    _fields_ = [
+        ("first_param", ctypes.c_int),
+        ("num_params", ctypes.c_int),
+        ("bytes", ctypes.c_uint64),
+        ("ready_us", ctypes.c_double),
+        ("start_us", ctypes.c_double),
+        ("done_us", ctypes.c_double),
+    ]
+
+
+class EngineStats(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_int),
+        ("steps", ctypes.c_uint64),
+        ("synced_steps", ctypes.c_uint64),
+        ("last_synced", ctypes.c_int),
+        ("num_buckets", ctypes.c_int),
+        ("layout_version", ctypes.c_int),
+        ("bytes", ctypes.c_uint64),
+        ("step_us", ctypes.c_double),
+        ("exposed_comm_us", ctypes.c_double),
+        ("comm_us", ctypes.c_double),
+        ("overlap_ratio", ctypes.c_double),
+        ("wait_us", ctypes.c_double),
+        ("num_unused", ctypes.c_int),
+        ("unused", ctypes.c_int * MAX_UNUSED),
+        ("num_bucket_stats", ctypes.c_int),
+        ("buckets", BucketStats * MAX_BUCKETS),
+    ]
+
+
+_bound = False
+
+
+def _bind():
+    global _bound
+    if _bound:
+        return
+    if not hasattr(lib, "comm_engine_create"):
+        raise errors.UnavailableError(
+            "libcomm: this libcomm.so has no gradient engine (comm_engine_create); "
+            "rebuild it from a tree that has libcomm/src/engine/", errors.UNAVAILABLE)
+    p, i = ctypes.c_void_p, ctypes.c_int
+    protos = {
+        "comm_engine_create": [c_comm, ctypes.POINTER(EngineConfig), ctypes.POINTER(c_engine)],
+        "comm_engine_register": [c_engine, ctypes.c_size_t, i, ctypes.POINTER(i)],
+        "comm_engine_finalize": [c_engine],
+        "comm_engine_begin": [c_engine, i],
+        "comm_engine_grad_ready": [c_engine, i, p],
+        "comm_engine_grad_view": [c_engine, i, ctypes.POINTER(p)],
+        "comm_engine_end": [c_engine],
+        "comm_engine_stats": [c_engine, ctypes.POINTER(EngineStats)],
+        "comm_engine_unused": [c_engine, ctypes.POINTER(i), i, ctypes.POINTER(i)],
+        "comm_engine_destroy": [c_engine],
+    }
+    for name, argtypes in protos.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = c_status
+    _bound = True
+
+
+def _flag(value):
+    return COMM_UNSET if value is None else int(bool(value))
+
+
+class Engine:
+    """comm_engine_t. Options left None take the environment's or the default (comm.h)."""
+
+    def __init__(self, comm, *, bucket_cap_bytes=None, first_bucket_bytes=None, op=None,
+                 wire_dtype=None, gradient_as_bucket_view=None, static_graph=None,
+                 find_unused_parameters=None, trace_file=None):
+        _bind()
+        cfg = EngineConfig(
+            ctypes.sizeof(EngineConfig), COMM_ENGINE_CONFIG_VERSION,
+            COMM_UNSET if bucket_cap_bytes is None else int(bucket_cap_bytes),
+            COMM_UNSET if first_bucket_bytes is None else int(first_bucket_bytes),
+            COMM_UNSET if op is None else op_code(op),
+            COMM_UNSET if wire_dtype is None else dtype_code(wire_dtype),
+            _flag(gradient_as_bucket_view), _flag(static_graph), _flag(find_unused_parameters),
+            None, None if trace_file is None else str(trace_file).encode())
+        self.comm = comm
+        self.rank = comm.rank
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
+        handle = ctypes.c_void_p()
+        check(lib.comm_engine_create(comm._live(), ctypes.byref(cfg), ctypes.byref(handle)),
+              f"comm_engine_create (rank {self.rank})")
+        self._handle = handle.value
+        self.num_params = 0
+
+    def _live(self):
+        if self._handle is None:
+            raise invalid("libcomm: this engine was destroyed; make a new one")
+        return self._handle
+
+    def register(self, count, dtype="float32"):
+        """One parameter's gradient (count elements of dtype), in definition order; its index."""
+        index = ctypes.c_int()
+        if int(count) < 0:
+            raise invalid(f"libcomm: Engine.register: negative count {count}")
+        check(lib.comm_engine_register(self._live(), int(count), dtype_code(dtype),
+                                       ctypes.byref(index)),
+              f"comm_engine_register (rank {self.rank}, parameter {self.num_params})")
+        self.num_params += 1
+        return index.value
+
+    def finalize(self):
+        check(lib.comm_engine_finalize(self._live()), f"comm_engine_finalize (rank {self.rank})")
+
+    def begin(self, sync=True):
+        check(lib.comm_engine_begin(self._live(), 1 if sync else 0),
+              f"comm_engine_begin (rank {self.rank})")
+
+    def grad_ready(self, index, grad=None):
+        """Gradient `index` is final for this step. grad: its current storage (an address, a
+        numpy array, a torch CPU tensor), or None for its bucket view."""
+        if grad is None or isinstance(grad, int):
+            ptr = grad
+        else:
+            ptr = as_buf(grad, what=f"grad_ready: gradient {index}").ptr or None
+        check(lib.comm_engine_grad_ready(self._live(), int(index), ptr),
+              f"comm_engine_grad_ready (rank {self.rank}, gradient {index})")
+
+    def grad_view(self, index):
+        """With gradient_as_bucket_view: the address of gradient `index` in the bucket storage
+        (valid until stats()['layout_version'] changes)."""
+        ptr = ctypes.c_void_p()
+        check(lib.comm_engine_grad_view(self._live(), int(index), ctypes.byref(ptr)),
+              f"comm_engine_grad_view (rank {self.rank}, gradient {index})")
+        return ptr.value or 0
+
+    def end(self):
+        check(lib.comm_engine_end(self._live()), f"comm_engine_end (rank {self.rank})")
+
+    def stats(self):
+        """The last synced step's numbers as a dict (times in microseconds from its begin)."""
+        s = EngineStats()
+        s.size, s.version = ctypes.sizeof(EngineStats), COMM_ENGINE_STATS_VERSION
+        check(lib.comm_engine_stats(self._live(), ctypes.byref(s)),
+              f"comm_engine_stats (rank {self.rank})")
+        out = {name: getattr(s, name) for name, _ in EngineStats._fields_
+               if name not in ("size", "version", "unused", "buckets", "num_bucket_stats")}
+        out["unused"] = list(s.unused[: min(s.num_unused, MAX_UNUSED)])
+        out["buckets"] = [{name: getattr(b, name) for name, _ in BucketStats._fields_}
+                          for b in s.buckets[: s.num_bucket_stats]]
+        return out
+
+    def unused(self):
+        """Indices of the gradients reduced as zeros in the last synced step."""
+        count = ctypes.c_int()
+        check(lib.comm_engine_unused(self._live(), None, 0, ctypes.byref(count)),
+              f"comm_engine_unused (rank {self.rank})")
+        arr = (ctypes.c_int * max(count.value, 1))()
+        check(lib.comm_engine_unused(self._live(), arr, count.value, ctypes.byref(count)),
+              f"comm_engine_unused (rank {self.rank})")
+        return list(arr[: count.value])
+
+    def destroy(self):
+        if self._handle is None:
+            return
+        handle, self._handle = self._handle, None
+        check(lib.comm_engine_destroy(handle), f"comm_engine_destroy (rank {self.rank})")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.destroy()
+        return False
