@@ -36,6 +36,15 @@ const std::vector<Param>& all() {
       {"COMM_CHUNK_BYTES", Type::kInt, "524288", "pipelining chunk of the ring algorithms", nullptr},
       {"COMM_SMALL_MSG_BYTES", Type::kInt, "65536",
        "all-reduce up to this size uses the latency algorithm (recursive doubling)", nullptr},
+      // the gradient engine (libcomm/src/engine/)
+      {"COMM_ENGINE_BUCKET_CAP_BYTES", Type::kInt, "26214400",
+       "gradient engine: bucket size limit (bytes) when comm_engine_config_t.bucket_cap_bytes is unset", nullptr},
+      {"COMM_ENGINE_FIRST_BUCKET_BYTES", Type::kInt, "1048576",
+       "gradient engine: limit of the first bucket when comm_engine_config_t.first_bucket_bytes is unset", nullptr},
+      {"COMM_TRACE_FILE", Type::kString, "",
+       "gradient engine: write a Chrome/Perfetto trace (JSON) of steps and buckets here at comm_engine_destroy; "
+       "%r becomes the rank",
+       nullptr},
       // topology probe and path policy (topology/)
       {"COMM_TOPO_XML", Type::kString, "",
        "read GPUs, NICs and PCI placement from this file (hwloc XML or NCCL topology XML) instead of hwloc", nullptr},

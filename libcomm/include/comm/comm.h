@@ -160,6 +160,127 @@ COMM_API comm_status_t comm_wait(comm_request_t req);
 /* *done = 1 when complete (then the request is freed and its status returned), else 0. */
 COMM_API comm_status_t comm_test(comm_request_t req, int* done);
 
+/* ---- the gradient engine: bucketed, overlapped all-reduce of a trainer's gradients ----
+ *
+ * A trainer registers its gradients once (definition order), then each step:
+ *   comm_engine_begin(eng, sync);  ...backward: comm_engine_grad_ready(eng, i, grad_i) per
+ *   gradient, from any thread, as each is produced...;  comm_engine_end(eng);  optimizer step.
+ * Buckets are filled in reverse registration order (backward produces the last layer first), one
+ * dtype per bucket, up to the bucket cap; a parameter is never split. A bucket's all-reduce starts
+ * as soon as its last gradient is ready, on the engine's own duplicate of the communicator, and
+ * buckets run in the same order on every rank. For host gradients, end() returns when every
+ * gradient reported in this step holds the reduced value.
+ *
+ * Errors: misuse found locally (an index out of range, grad_ready twice for one index in a step,
+ * end() without begin(), begin() twice, register after finalize) fails that call and changes
+ * nothing else. A step the ranks disagree on (a gradient never reported without
+ * find_unused_parameters, a failed all-reduce, a timeout) breaks the engine: its communicator is
+ * aborted so the peers fail within their timeout too, and every later call returns the error. */
+
+#define COMM_ENGINE_CONFIG_VERSION 1
+
+typedef struct {
+  size_t size;  /* sizeof(comm_engine_config_t) as the caller saw it */
+  int version;  /* COMM_ENGINE_CONFIG_VERSION */
+  /* Bucket size limit in bytes of the gradients' own dtype. COMM_UNSET: COMM_ENGINE_BUCKET_CAP_BYTES,
+   * default 25 MiB. A parameter larger than the cap gets a bucket of its own. */
+  int64_t bucket_cap_bytes;
+  /* Limit of the first bucket (of each dtype), small so communication starts early.
+   * COMM_UNSET: COMM_ENGINE_FIRST_BUCKET_BYTES, default 1 MiB. */
+  int64_t first_bucket_bytes;
+  int op;                     /* a comm_op_t; COMM_UNSET: COMM_AVG (the sum divided by the rank count once) */
+  /* COMM_UNSET: gradients travel in their own dtype. COMM_FLOAT16 or COMM_BFLOAT16: float32
+   * buckets are compressed to it in the bucket, reduced (each step in fp32, rounded), and
+   * decompressed; other dtypes travel as they are. Error bound: README, "The gradient engine". */
+  int wire_dtype;
+  /* 1: the engine owns flat bucket storage; comm_engine_grad_view gives each gradient's place in it
+   * and the framework makes the gradient that view, so nothing is copied in or out.
+   * COMM_UNSET: 0. */
+  int gradient_as_bucket_view;
+  /* 1: the set and order of gradients is the same every step: the first synced step's ready order
+   * (rank 0's, broadcast) rebuilds the buckets once so each bucket's gradients arrive together; with
+   * find_unused_parameters the unused set is learnt in that step too. COMM_UNSET: 0. */
+  int static_graph;
+  /* 1: gradients not reported by end() are reduced as zeros and reported in the stats, instead of
+   * being an error. COMM_UNSET: 0. */
+  int find_unused_parameters;
+  /* NULL: host gradients. A cudaStream_t: device gradients produced on that stream (not in this
+   * build yet: comm_engine_create returns COMM_ERR_UNAVAILABLE). */
+  comm_stream_t stream;
+  /* Chrome/Perfetto trace (JSON) of steps and buckets, written at comm_engine_destroy.
+   * NULL: COMM_TRACE_FILE; a "%r" in the name becomes the rank. "" or unset: no trace. */
+  const char* trace_file;
+  /* ...added fields go last */
+} comm_engine_config_t;
+
+#define COMM_ENGINE_CONFIG_INIT                                                                      \
+  { sizeof(comm_engine_config_t), COMM_ENGINE_CONFIG_VERSION, COMM_UNSET, COMM_UNSET, COMM_UNSET, \
+    COMM_UNSET, COMM_UNSET, COMM_UNSET, COMM_UNSET, NULL, NULL }
+
+/* Per-bucket numbers of the last synced step; times in microseconds from that step's begin(). */
+typedef struct {
+  int first_param;   /* the bucket's first parameter (in its fill order) */
+  int num_params;
+  uint64_t bytes;    /* bytes this rank put on the wire for it (wire dtype) */
+  double ready_us;   /* its last gradient was reported */
+  double start_us;   /* its all-reduce started (ready_us + time queued behind earlier buckets) */
+  double done_us;    /* its all-reduce (and copy back) finished */
+} comm_engine_bucket_stats_t;
+
+#define COMM_ENGINE_STATS_VERSION 1
+#define COMM_ENGINE_STATS_MAX_BUCKETS 64
+#define COMM_ENGINE_STATS_MAX_UNUSED 64
+
+/* Set size = sizeof(comm_engine_stats_t) (the rest may be anything); comm_engine_stats fills up to
+ * size bytes, version included, so a caller built against an older header keeps working. */
+typedef struct {
+  size_t size;
+  int version;              /* set by comm_engine_stats: COMM_ENGINE_STATS_VERSION */
+  uint64_t steps;           /* steps ended (synced or not) */
+  uint64_t synced_steps;
+  int last_synced;          /* the last step was synced (1) or no_sync (0) */
+  int num_buckets;
+  int layout_version;       /* 1 at finalize, 2 after a static-graph rebuild: grad_view pointers change */
+  uint64_t bytes;           /* bytes this rank put on the wire in the last synced step */
+  double step_us;           /* last synced step: begin() to end() returning */
+  double exposed_comm_us;   /* last synced step: time end() blocked waiting for communication */
+  double comm_us;           /* last synced step: sum over buckets of start..done */
+  double overlap_ratio;     /* 1 - exposed_comm_us / comm_us, in [0, 1]; 1 when comm_us is 0 */
+  double wait_us;           /* last synced step: sum over buckets of ready..start (queued) */
+  int num_unused;           /* gradients reduced as zeros in the last synced step (find_unused_parameters) */
+  int unused[COMM_ENGINE_STATS_MAX_UNUSED]; /* their indices, ascending, the first 64 */
+  int num_bucket_stats;     /* min(num_buckets, COMM_ENGINE_STATS_MAX_BUCKETS) */
+  comm_engine_bucket_stats_t buckets[COMM_ENGINE_STATS_MAX_BUCKETS]; /* in issue order */
+} comm_engine_stats_t;
+
+/* Collective over comm's ranks (it calls comm_dup). cfg may be NULL (all defaults). */
+COMM_API comm_status_t comm_engine_create(comm_t comm, const comm_engine_config_t* cfg,
+                                          comm_engine_t* eng);
+/* One parameter's gradient, in definition order; *index is 0, 1, 2, ... count may be 0. */
+COMM_API comm_status_t comm_engine_register(comm_engine_t eng, size_t count, comm_dtype_t dtype,
+                                            int* index);
+/* Collective: checks every rank registered the same list (counts, dtypes) and the same options,
+ * failing on every rank with the difference named; builds and touches the buckets. */
+COMM_API comm_status_t comm_engine_finalize(comm_engine_t eng);
+/* Start of backward. sync = 0 is DDP's no_sync: the framework accumulates into its gradients and
+ * the engine moves nothing; the next synced step reduces what they then hold. */
+COMM_API comm_status_t comm_engine_begin(comm_engine_t eng, int sync);
+/* The gradient `index` is final for this step and lives at ptr (its current storage: frameworks
+ * reallocate gradients). With gradient_as_bucket_view ptr may be NULL (= its view). Any thread;
+ * returns at once. */
+COMM_API comm_status_t comm_engine_grad_ready(comm_engine_t eng, int index, void* ptr);
+/* With gradient_as_bucket_view: the gradient's place in the bucket storage. Valid until
+ * layout_version changes (at most once, after the first synced step with static_graph). */
+COMM_API comm_status_t comm_engine_grad_view(comm_engine_t eng, int index, void** ptr);
+/* Before the optimizer step: waits until every reported gradient holds the reduced value. */
+COMM_API comm_status_t comm_engine_end(comm_engine_t eng);
+COMM_API comm_status_t comm_engine_stats(comm_engine_t eng, comm_engine_stats_t* stats);
+/* All gradients reduced as zeros in the last synced step: up to capacity indices, ascending;
+ * *count is how many there were. */
+COMM_API comm_status_t comm_engine_unused(comm_engine_t eng, int* indices, int capacity, int* count);
+/* Frees the engine and its communicator (bounded by the timeout); writes the trace file. */
+COMM_API comm_status_t comm_engine_destroy(comm_engine_t eng);
+
 #ifdef __cplusplus
 }
 #endif

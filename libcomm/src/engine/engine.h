@@ -1,0 +1,135 @@
+// The gradient engine behind comm_engine_t: bucket storage, the step's state machine, and the
+// thread that runs each bucket's all-reduce as soon as its last gradient is ready.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/comm.h"
+#include "engine/layout.h"
+#include "engine/trace.h"
+#include "status.h"
+
+namespace comm::engine {
+
+// Resolved options (API field > environment > default); every rank must agree on them.
+struct Options {
+  size_t bucket_cap_bytes = 25u << 20;
+  size_t first_bucket_bytes = 1u << 20;
+  comm_op_t op = COMM_AVG;
+  int wire_dtype = COMM_UNSET;  // COMM_UNSET, COMM_FLOAT16, COMM_BFLOAT16
+  bool grad_view = false;
+  bool static_graph = false;
+  bool find_unused = false;
+  std::string trace_file;
+};
+
+// 64-byte aligned, touched at allocation (first touch is slow here: never on a step).
+struct Buffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Buffer() = default;
+  explicit Buffer(size_t n);
+  Buffer(Buffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr, o.bytes = 0; }
+  Buffer& operator=(Buffer&& o) noexcept;
+  ~Buffer();
+};
+
+struct Bucket {
+  BucketLayout layout;
+  comm_dtype_t wire = COMM_FLOAT32;  // what travels
+  bool compressed = false;           // wire != layout.dtype
+  Buffer data;                       // gradients in their dtype (views; staging when not compressed)
+  Buffer wirebuf;                    // compressed copy (only when compressed)
+  // Per step (guarded by Engine::mu):
+  int pending = 0;  // gradients not yet in the bucket
+  bool ready = false;
+  double ready_us = 0, start_us = 0, done_us = 0;
+};
+
+enum class ParamState : uint8_t { kWaiting, kCopying, kReady, kUnused };
+
+class Engine {
+ public:
+  static Status create(comm_t comm, const Options& opt, std::unique_ptr<Engine>* out);
+  ~Engine();
+
+  Status add_param(size_t count, comm_dtype_t dtype, int* index);
+  Status finalize();
+  Status begin(bool sync);
+  Status grad_ready(int index, void* ptr);
+  Status grad_view(int index, void** ptr);
+  Status end();
+  void stats(comm_engine_stats_t* out);
+  Status unused(int* indices, int capacity, int* count);
+  Status destroy();  // graceful: stops the thread, writes the trace, frees the communicator
+
+  int rank() const { return rank_; }
+
+ private:
+  Engine() = default;
+  std::string where(const char* fn) const;  // "rank 2, comm_engine_end (step 7): "
+  Status check_agreement();                  // finalize's collective check
+  void build(const std::vector<int>& order); // buckets + storage for this fill order
+  Status rebuild_from_rank0();               // static graph, end of the first synced step
+  void mark_in_bucket(int p, double t_us);   // under mu: one gradient more in its bucket
+  void copy_in(int p, const void* ptr);      // the gradient into its bucket (compressing)
+  void zero_slot(int p);
+  Status run_bucket(int b);                  // the issue path: all-reduce + copy back
+  void comm_loop();
+  Status fail(Status st);                    // breaks the engine, tells the peers
+  double now_us() const;
+
+  comm_t comm_ = nullptr;  // our own dup
+  int rank_ = 0, size_ = 1;
+  Options opt_;
+  std::vector<ParamInfo> params_;
+  std::vector<int> param_bucket_;
+  std::vector<size_t> param_offset_;  // elements, inside its bucket
+  std::vector<Bucket> buckets_;
+  bool finalized_ = false;
+  int layout_version_ = 0;
+
+  // Step state, guarded by mu_.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool in_step_ = false, ending_ = false, sync_ = false;
+  std::vector<ParamState> state_;
+  std::vector<void*> grad_ptr_;
+  int next_bucket_ = 0;   // the comm thread's next bucket (same order on every rank)
+  int done_buckets_ = 0;
+  Status broken_;
+  bool stop_ = false;
+  std::thread thread_;
+  uint64_t steps_ = 0, synced_steps_ = 0;
+  std::chrono::steady_clock::time_point epoch_;
+  double step_begin_us_ = 0;
+
+  // Static graph: the first synced step's ready order, and the gradients it never saw.
+  bool learning_ = false, learnt_ = false;
+  std::vector<int> observed_;
+  std::vector<uint8_t> learnt_unused_;
+
+  // Last synced step's numbers.
+  double last_step_us_ = 0, last_exposed_us_ = 0;
+  uint64_t last_bytes_ = 0;
+  bool last_synced_ = false;
+  std::vector<int> last_unused_;
+  std::vector<comm_engine_bucket_stats_t> last_buckets_;
+
+  Trace trace_;
+};
+
+Status resolve_options(const comm_engine_config_t* cfg, Options* out);
+
+}  // namespace comm::engine
+
+struct comm_engine_s {
+  std::unique_ptr<comm::engine::Engine> impl;
+};
