@@ -45,6 +45,7 @@ FAKE cudaError_t cudaMalloc(void** p, size_t n) {
   device_blocks.emplace_back(static_cast<char*>(*p), n ? n : 1);
   return cudaSuccess;
 }
+FAKE cudaError_t cudaMallocManaged(void** p, size_t n, unsigned) { return cudaMalloc(p, n); }
 FAKE cudaError_t cudaFree(void* p) {
   std::lock_guard<std::mutex> lock(mu);
   for (size_t i = 0; i < device_blocks.size(); ++i)

@@ -57,6 +57,7 @@ void load(CudaLibrary* c, const std::string& override_path) {
   COMM_RESOLVE(cudaMallocHost);
   COMM_RESOLVE(cudaFreeHost);
   COMM_RESOLVE(cudaMalloc);
+  COMM_RESOLVE(cudaMallocManaged);
   COMM_RESOLVE(cudaFree);
   COMM_RESOLVE(cudaMemcpy);
   COMM_RESOLVE(cudaMemcpyAsync);

@@ -30,6 +30,7 @@ struct CudaLibrary {
   COMM_CUDA_FN(cudaMallocHost);
   COMM_CUDA_FN(cudaFreeHost);
   COMM_CUDA_FN(cudaMalloc);
+  COMM_CUDA_FN(cudaMallocManaged);
   COMM_CUDA_FN(cudaFree);
   COMM_CUDA_FN(cudaMemcpy);
   COMM_CUDA_FN(cudaMemcpyAsync);

@@ -117,34 +117,23 @@ Status decide(comm_t c, int device, std::shared_ptr<State>* out) {
   s->cuda = &cuda_library(cuda_path);
   s->nccl = &nccl_library(nccl_path);
   const std::string& t = c->settings.transport;
-  const bool forced = t == "nccl";
+  const bool forced = t == "nccl", forbidden = t != "auto" && !forced;  // agreed at init: alike on every rank
   const std::string where = "rank " + std::to_string(c->rank) + ", comm " + c->id + ": ";
-  if (t != "auto" && !forced) {
-    // The transport was agreed at init, so every rank takes this branch alike.
-    if (!s->cuda->usable()) {
-      s->path = State::Path::kUnavailable;
-      s->why = where + "device buffers (a non-NULL stream) need the CUDA runtime: " + s->cuda->why_not;
-    } else {
-      s->path = State::Path::kStaged;
-      s->why = "COMM_TRANSPORT=" + t + " keeps device buffers off NCCL";
-    }
+  if (device < 0 && s->cuda->usable()) (void)s->cuda->cudaGetDevice(&device);
+  std::string verdict;
+  COMM_RETURN_IF_ERROR(agree_path(c, local_verdict(p, *s->cuda, device), &verdict).prefixed(where));
+  if (verdict == "N" && !forbidden) {
+    s->path = State::Path::kNccl;
+    COMM_RETURN_IF_ERROR(s->create_nccl(device));
+  } else if (forced) {
+    return Unavailable(where + "COMM_TRANSPORT=nccl, but NCCL cannot run on every rank: " + verdict.substr(1) +
+                       ". Use COMM_TRANSPORT=auto to run device buffers through pinned host memory instead");
+  } else if (verdict[0] == 'U') {
+    s->path = State::Path::kUnavailable;
+    s->why = where + "device buffers (a non-NULL stream) need CUDA on every rank, and " + verdict.substr(1);
   } else {
-    if (device < 0 && s->cuda->usable()) (void)s->cuda->cudaGetDevice(&device);
-    std::string verdict;
-    COMM_RETURN_IF_ERROR(agree_path(c, local_verdict(p, *s->cuda, device), &verdict).prefixed(where));
-    if (verdict == "N") {
-      s->path = State::Path::kNccl;
-      COMM_RETURN_IF_ERROR(s->create_nccl(device));
-    } else if (forced) {
-      return Unavailable(where + "COMM_TRANSPORT=nccl, but NCCL cannot run on every rank: " + verdict.substr(1) +
-                         ". Use COMM_TRANSPORT=auto to run device buffers through pinned host memory instead");
-    } else if (verdict[0] == 'S') {
-      s->path = State::Path::kStaged;
-      s->why = verdict.substr(1);
-    } else {
-      s->path = State::Path::kUnavailable;
-      s->why = where + "device buffers (a non-NULL stream) need CUDA on every rank, and " + verdict.substr(1);
-    }
+    s->path = State::Path::kStaged;
+    s->why = forbidden ? "COMM_TRANSPORT=" + t + " keeps device buffers off NCCL" : verdict.substr(1);
   }
   if (s->path == State::Path::kStaged)
     COMM_WARN(kInit, "comm %s rank %d: device buffers are staged through pinned host memory onto the host transport "

@@ -163,7 +163,13 @@ Status group_end() {
 
 bool mem_alloc(comm_t c, size_t bytes, void** ptr, Status* st) {
   State* s = c->device.get();
-  if (s == nullptr || s->path != State::Path::kNccl || s->nccl_comm == nullptr) return false;
+  if (s == nullptr || s->path != State::Path::kNccl) return false;
+  std::lock_guard<std::mutex> nccl_lock(s->watch_mu);  // the watchdog may abort the NCCL communicator
+  if (s->nccl_comm == nullptr) {
+    *st = check_usable(c);
+    if (st->ok()) *st = RemoteError(s->where() + "comm_mem_alloc: the NCCL communicator was aborted after an error");
+    return true;
+  }
   void* p = nullptr;
   ncclResult_t r = s->nccl->ncclMemAlloc ? s->nccl->ncclMemAlloc(&p, bytes) : ncclSuccess;
   if (s->nccl->ncclMemAlloc == nullptr) {
@@ -203,6 +209,7 @@ bool mem_free(comm_t c, void* ptr, Status* st) {
     handle = it->second;
     s->registered.erase(it);
   }
+  std::lock_guard<std::mutex> nccl_lock(s->watch_mu);
   if (handle && s->nccl_comm) (void)s->settle(s->nccl->ncclCommDeregister(s->nccl_comm, handle), "ncclCommDeregister");
   if (s->nccl->ncclMemFree)
     (void)s->nccl->ncclMemFree(ptr);

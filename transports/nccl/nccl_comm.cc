@@ -113,11 +113,10 @@ Status State::create_nccl(int device) {
     if (value.empty() || value[0] == 'E') return RemoteError(where() + "rank 0 could not create the NCCL unique id: " + value.substr(1));
     if (!from_hex(value.substr(1), &id, sizeof id)) return Internal(where() + "malformed NCCL unique id in the store");
   }
-  static thread_local std::string name;  // NCCL copies commName during init
-  name = "libcomm comm " + comm->id;
+  nccl_name = "libcomm comm " + comm->id;  // lives as long as the NCCL communicator
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // init and every call return at once; settle() bounds the wait
-  config.commName = name.c_str();
+  config.commName = nccl_name.c_str();
   ncclResult_t r = nccl->ncclCommInitRankConfig(&nccl_comm, comm->size, id, comm->rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) nccl_comm = nullptr;
   Status st = settle(r, "ncclCommInitRankConfig");

@@ -32,6 +32,7 @@ class State {
 
   // ---- NCCL (nccl_comm.cc) ----
   ncclComm_t nccl_comm = nullptr;
+  std::string nccl_name;
   int cuda_device = -1;
   Status create_nccl(int device);  // collective: unique id through the store, nonblocking init
   Status run_nccl(const algo::CollArgs& a, cudaStream_t stream, bool grouped);
