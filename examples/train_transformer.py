@@ -65,7 +65,11 @@ def parse_args(argv=None):
     ap.add_argument("--accumulate", type=int, default=1,
                     help="micro-batches per step; all but the last under no_sync()")
     ap.add_argument("--bucket-cap-mb", type=float, default=25)
+    ap.add_argument("--first-bucket-mb", type=float, default=None,
+                    help="libcomm only: the first bucket's cap (default 1 MiB, as torch's DDP)")
     ap.add_argument("--gradient-as-bucket-view", action="store_true")
+    ap.add_argument("--wire-dtype", choices=["bfloat16", "float16"], default=None,
+                    help="libcomm only: compress fp32 gradients on the wire")
     ap.add_argument("--static-graph", action="store_true")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     return ap.parse_args(argv)
@@ -85,8 +89,10 @@ def main(argv=None):
         comm = libcomm.Communicator()
         rank, size = comm.rank, comm.size
         ddp = DistributedDataParallel(model, comm, bucket_cap_mb=args.bucket_cap_mb,
+                                      first_bucket_mb=args.first_bucket_mb,
                                       gradient_as_bucket_view=args.gradient_as_bucket_view,
-                                      static_graph=args.static_graph)
+                                      static_graph=args.static_graph,
+                                      wire_dtype=args.wire_dtype)
 
         def mean_over_ranks(x):
             t = torch.tensor([x], dtype=torch.float64)

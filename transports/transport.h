@@ -115,6 +115,9 @@ struct Options {
   std::string comm_label;        // for log lines, e.g. "comm 0x1a2b"
   bool all_local = false;        // every rank is on this host (from the rendezvous)
   std::vector<int> host_of;      // every rank's host index (from the rendezvous); empty: unknown
+  // From the tuning profile when the environment leaves them unset; 0: the registry's value.
+  int64_t shm_slot_bytes = 0;    // COMM_SHM_SLOT_BYTES
+  int64_t socket_nconns = 0;     // COMM_SOCKET_NCONNS
 };
 
 class Transport {

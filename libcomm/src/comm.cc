@@ -61,26 +61,6 @@ Status random_secret(std::string* out) {
   return Status::Ok();
 }
 
-// FNV-1a of the tuning profile, so ranks that loaded different profiles are caught at init.
-Status tuning_hash(std::string* out) {
-  std::string path;
-  COMM_RETURN_IF_ERROR(params::get_string("COMM_TUNING_FILE", &path));
-  if (path.empty()) {
-    *out = "none";
-    return Status::Ok();
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return InvalidArgument("COMM_TUNING_FILE='" + path + "' cannot be read; fix the path or unset it");
-  std::stringstream content;
-  content << in.rdbuf();
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : content.str()) h = (h ^ ch) * 1099511628211ull;
-  char buf[32];
-  snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  *out = buf;
-  return Status::Ok();
-}
-
 Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
   if (cfg.timeout_ms != COMM_UNSET) {
     if (cfg.timeout_ms <= 0)
@@ -107,7 +87,9 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
   int64_t chunk = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
   s->chunk_bytes = static_cast<size_t>(chunk);
-  return tuning_hash(&s->tuning_hash);
+  // Parsed before the rendezvous, so a bad profile fails every rank at once, naming the entry;
+  // its hash joins what ranks must agree on (fingerprint below).
+  return tuning::load_from_env(&s->profile, &s->tuning_hash);
 }
 
 // What every rank must agree on, as ordered (name, value) pairs.
@@ -283,6 +265,34 @@ bool every_rank_alone(const std::vector<int>& host_of) {
   return true;
 }
 
+// The profile's transport name for this communicator, decided before it connects (the
+// communicator knobs shape the connection): shm (every rank on one host), socket, shm+socket.
+std::string profile_transport(comm_t c) {
+  if (c->settings.transport == "socket" || !c->shm_usable || every_rank_alone(c->host_of)) return "socket";
+  return c->all_local ? "shm" : "shm+socket";
+}
+
+// The tuning profile's entries for this communicator, and the INFO lines that say which
+// apply, which are ignored (another rank count or transport) or trimmed (environment), and why.
+void match_tuning(comm_t c) {
+  std::vector<std::string> notes;
+  const std::string transport = profile_transport(c);
+  c->tuning = tuning::Applied::match(c->size > 1 ? c->settings.profile : nullptr, c->size, transport, &notes);
+  if (!c->settings.profile || c->size == 1) return;
+  const tuning::Profile& p = *c->settings.profile;
+  for (const auto& n : notes) COMM_INFO(kInit, "comm %s rank %d: tuning: %s", c->id.c_str(), c->rank, n.c_str());
+  if (c->tuning->call_entries() == 0 && c->tuning->comm_settings().empty()) {
+    COMM_WARN(kInit, "comm %s rank %d: tuning profile %s has no entry for %d ranks over %s; defaults apply "
+              "(COMM_DEBUG=INFO lists the entries and why each is ignored)", c->id.c_str(), c->rank, p.path.c_str(),
+              c->size, transport.c_str());
+    return;
+  }
+  COMM_INFO(kInit, "comm %s rank %d: tuning profile %s (hash %s): %zu per-call entries apply to %d ranks over %s; "
+            "communicator settings: %s", c->id.c_str(), c->rank, p.path.c_str(), p.hash.c_str(),
+            c->tuning->call_entries(), c->size, transport.c_str(),
+            c->tuning->comm_settings().empty() ? "none" : c->tuning->comm_settings().c_str());
+}
+
 // Shared memory between ranks on one host, sockets between hosts (auto); COMM_TRANSPORT=shm
 // needs one host, socket forces sockets everywhere. Every rank of the communicator decides
 // alike: the host map is the same everywhere and shm's setup outcome is agreed.
@@ -298,6 +308,9 @@ Status connect_transport(comm_t c) {
   opt.host_of = c->host_of;
   c->send_seq.assign(static_cast<size_t>(c->size), 0);
   c->recv_seq.assign(static_cast<size_t>(c->size), 0);
+  match_tuning(c);
+  opt.shm_slot_bytes = c->tuning->shm_slot_bytes();
+  opt.socket_nconns = c->tuning->socket_nconns();
   if (c->size == 1) {
     c->transport = std::make_unique<LoneTransport>(opt);
     return Status::Ok();

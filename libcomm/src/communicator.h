@@ -17,6 +17,7 @@
 #include "status.h"
 #include "store/store.h"
 #include "transports/transport.h"
+#include "tuning/apply.h"
 
 namespace comm::transport::shm {
 class Domain;
@@ -41,6 +42,7 @@ struct CommSettings {
   std::string forced_algo;   // COMM_ALGO
   size_t chunk_bytes = 512 * 1024;
   std::string tuning_hash = "none";
+  std::shared_ptr<const tuning::Profile> profile;  // COMM_TUNING_FILE, parsed; null when unset
 };
 
 }  // namespace comm
@@ -60,6 +62,8 @@ struct comm_s {
   bool shm_usable = true;  // agreed at the world's init: shared memory works on every host
   std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
   std::unique_ptr<comm::transport::Transport> transport;
+  // The profile entries for this communicator's rank count and transport (never null after init).
+  std::shared_ptr<const comm::tuning::Applied> tuning;
   comm::algo::Scratch scratch;
   // Device buffers (transports/nccl): the NCCL communicator or the staging buffer; made at
   // init with COMM_TRANSPORT=nccl, else at the first call with a stream.

@@ -61,12 +61,36 @@ Status record_failure(comm_t c, Status st) {
   return st;
 }
 
+// Which entry a call applied and why, once per entry and communicator (COMM_DEBUG=INFO).
+void note_first_use(comm_t c, const tuning::CallTuning& t, uint64_t bytes) {
+  if (t.logged.load(std::memory_order_relaxed) || t.logged.exchange(true)) return;
+  const tuning::Entry& e = *t.entry;
+  char gain[64] = "";
+  if (e.gain > 0) snprintf(gain, sizeof gain, "; the sweep measured %.3fx the default's busbw", e.gain);
+  COMM_INFO(kAlg, "comm %s rank %d: %s of %llu bytes applies tuning profile %s: %s; why: it is the first entry "
+            "for this collective, rank count, transport and size, and the environment does not set these knobs%s",
+            c->id.c_str(), c->rank, transport::coll_name(e.kind), static_cast<unsigned long long>(bytes),
+            e.label().c_str(), t.applied.c_str(), gain);
+}
+
 }  // namespace
 
 Status execute(comm_t c, const algo::CollArgs& args) {
   COMM_RETURN_IF_ERROR(check_usable(c));
   algo::Context ctx{*c->transport, c->rank, c->size, c->scratch, c->settings.chunk_bytes};
-  Status st = algo::run_collective(ctx, args, c->settings.forced_algo);
+  const std::string* forced = &c->settings.forced_algo;
+  const char* source = "COMM_ALGO";
+  const uint64_t bytes = tuning::call_bytes(args.kind, args.count, args.dtype, c->size);
+  if (const tuning::CallTuning* t = c->tuning ? c->tuning->for_call(args.kind, bytes) : nullptr) {
+    if (!t->algo.empty()) {
+      forced = &t->algo;
+      source = t->source.c_str();
+    }
+    if (t->chunk_bytes != 0) ctx.chunk_bytes = t->chunk_bytes;
+    if (t->shm_chunk_bytes != 0) ctx.shm_chunk_bytes = t->shm_chunk_bytes;
+    note_first_use(c, *t, bytes);
+  }
+  Status st = algo::run_collective(ctx, args, *forced, source);
   if (st.ok()) return st;
   return record_failure(c, st.prefixed(context(c, args)));
 }

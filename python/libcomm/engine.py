@@ -131,6 +131,7 @@ class Engine:
               f"comm_engine_create (rank {self.rank})")
         self._handle = handle.value
         self.num_params = 0
+        self._held = {}  # arrays handed to grad_ready in this step, alive until end()
 
     def _live(self):
         if self._handle is None:
@@ -162,8 +163,11 @@ class Engine:
             ptr = grad
         else:
             ptr = as_buf(grad, what=f"grad_ready: gradient {index}").ptr or None
-        check(lib.comm_engine_grad_ready(self._live(), int(index), ptr),
-              f"comm_engine_grad_ready (rank {self.rank}, gradient {index})")
+            # end() writes the result there: the array must outlive the step.
+            self._held[index] = grad
+        status = lib.comm_engine_grad_ready(self._live(), int(index), ptr)
+        if status:  # the message is only built on failure: this runs once per gradient
+            check(status, f"comm_engine_grad_ready (rank {self.rank}, gradient {index})")
 
     def grad_view(self, index):
         """With gradient_as_bucket_view: the address of gradient `index` in the bucket storage
@@ -174,7 +178,10 @@ class Engine:
         return ptr.value or 0
 
     def end(self):
-        check(lib.comm_engine_end(self._live()), f"comm_engine_end (rank {self.rank})")
+        try:
+            check(lib.comm_engine_end(self._live()), f"comm_engine_end (rank {self.rank})")
+        finally:
+            self._held = {}
 
     def stats(self):
         """The last synced step's numbers as a dict (times in microseconds from its begin)."""
@@ -203,6 +210,7 @@ class Engine:
         if self._handle is None:
             return
         handle, self._handle = self._handle, None
+        self._held = {}
         check(lib.comm_engine_destroy(handle), f"comm_engine_destroy (rank {self.rank})")
 
     def __enter__(self):

@@ -112,23 +112,28 @@ class DistributedDataParallel(torch.nn.Module):
             t.data.copy_(tmp)
 
     # ---- gradient views ----
-    def _install_views(self):
-        stats = self.engine.stats()
-        self._layout = stats.get("layout_version")
+    def _install_views(self, rebuilt=False):
+        self._layout = self.engine.stats().get("layout_version")
         for i, p in enumerate(self._params):
             view = _tensor_at(self.engine.grad_view(i), p)
-            # A gradient torch has not made yet stays None (as in torch's DDP): the first
-            # backward's hook copies it in and makes it the view.
-            if p.grad is not None:
+            old = self._views[i]
+            if rebuilt:
+                # The engine carried the values over and freed the old storage: the old view
+                # must not be read any more, only replaced.
+                if p.grad is not None and old is not None and p.grad.data_ptr() == old.data_ptr():
+                    p.grad = view
+            elif p.grad is not None:
+                # A gradient torch has not made yet stays None (as in torch's DDP): the first
+                # backward's hook copies it in and makes it the view.
                 with torch.no_grad():
                     view.copy_(p.grad)
                 p.grad = view
             self._views[i] = view
 
     def _refresh_views(self):
-        # With static_graph the engine rebuilds its buckets once: the views move.
+        # With static_graph the engine rebuilds its buckets once, after the first synced step.
         if self._layout is not None and self.engine.stats().get("layout_version") != self._layout:
-            self._install_views()
+            self._install_views(rebuilt=True)
 
     # ---- the step ----
     def forward(self, *inputs, **kwargs):

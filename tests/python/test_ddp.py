@@ -6,6 +6,8 @@ grads None where torch leaves None), gradient_as_bucket_view and static_graph.
 LIBCOMM_TEST_ENGINES (comma list): "engine" (libcomm's gradient engine) and/or "reference"
 (tests/python/reference_engine.py: one plain all-reduce per gradient)."""
 
+import datetime
+import warnings
 import os
 import socket
 
@@ -18,6 +20,9 @@ import libcomm
 from harness import case, expect_raises, main
 from libcomm.torch_ddp import DistributedDataParallel
 from reference_engine import ReferenceEngine
+
+# torch warns that static_graph makes find_unused_parameters redundant; both are tested on purpose.
+warnings.filterwarnings("ignore", message=".*_set_static_graph.*")
 
 ENGINES = {"engine": libcomm.Engine, "reference": ReferenceEngine}
 USE = [e for e in os.environ.get("LIBCOMM_TEST_ENGINES", "engine,reference").split(",") if e]
@@ -57,7 +62,8 @@ def gloo(comm):
             port[0] = s.getsockname()[1]
     comm.broadcast(port, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}",
-                            rank=comm.rank, world_size=comm.size)
+                            rank=comm.rank, world_size=comm.size,
+                            timeout=datetime.timedelta(seconds=60))  # a failed peer: no 30 min wait
 
 
 def twin_models(comm, branches=False):
@@ -130,6 +136,11 @@ def run_steps(comm, engine, steps=3, accumulate=1, branches=False, find_unused=F
             opt_b.zero_grad()
             compare_params(theirs, ours, f"{what} step {step}")
         identical_on_every_rank(comm, ours.module, what)
+        if engine == "engine" and "first_bucket_mb" in opts:
+            s = ours.stats()
+            assert s["num_buckets"] >= 3, f"{what}: {s['num_buckets']} buckets; the case needs several"
+            if opts.get("static_graph"):
+                assert s["layout_version"] == 2, f"{what}: no static-graph rebuild: {s}"
         return ours
     finally:
         ours.close()
@@ -145,10 +156,10 @@ def gradients_equal_torch_ddp(comm):
 @case
 def gradient_as_bucket_view_and_static_graph(comm):
     for engine in USE:
-        run_steps(comm, engine, gradient_as_bucket_view=True, bucket_cap_mb=0.005)
-        run_steps(comm, engine, static_graph=True, bucket_cap_mb=0.005)
+        run_steps(comm, engine, gradient_as_bucket_view=True, bucket_cap_mb=0.005, first_bucket_mb=0.002)
+        run_steps(comm, engine, static_graph=True, bucket_cap_mb=0.005, first_bucket_mb=0.002)
         run_steps(comm, engine, steps=4, static_graph=True, gradient_as_bucket_view=True,
-                  bucket_cap_mb=0.005)
+                  bucket_cap_mb=0.005, first_bucket_mb=0.002)
 
 
 @case
@@ -165,6 +176,8 @@ def unused_parameters(comm):
         names = [n for n, p in ours.module.named_parameters()]
         assert sorted(names[i] for i in ours.unused_parameters) == ["never.bias", "never.weight"]
         run_steps(comm, engine, branches=True, find_unused=True, gradient_as_bucket_view=True)
+        run_steps(comm, engine, steps=4, branches=True, find_unused=True, static_graph=True,
+                  gradient_as_bucket_view=True, bucket_cap_mb=0.005, first_bucket_mb=0.002)
 
 
 @case

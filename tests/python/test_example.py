@@ -15,7 +15,8 @@ EXAMPLE = os.path.join(HERE, "..", "..", "examples", "train_transformer.py")
 PY = "/usr/bin/python3"
 LINE = re.compile(r"^\[(?:default)?(\d+)\]:? ?step (\d+) loss (\S+) params (\S+)$")
 # Small enough for a few seconds on 2 shared cores, big enough for several buckets.
-SMALL = ["--d-model", "32", "--batch", "8", "--bucket-cap-mb", "0.05"]
+SMALL = ["--d-model", "16", "--batch", "4", "--seq-len", "8", "--bucket-cap-mb", "0.01"]
+OURS = ["--first-bucket-mb", "0.005"]  # several buckets (torch's DDP has no such flag)
 
 
 def run(cmd, what):
@@ -46,7 +47,7 @@ def main():
     comm_run, extra = sys.argv[1], sys.argv[2:]
     steps = 50
     base = [comm_run, "-n", "2", "--bind", "none", "--", PY, EXAMPLE, "--steps", str(steps)]
-    ours = run(base + SMALL + extra, "libcomm under comm-run")
+    ours = run(base + SMALL + OURS + extra, "libcomm under comm-run")
     check_replicas(ours, steps, "libcomm")
     ref = run(base + SMALL + extra + ["--backend", "gloo"], "torch DDP (gloo) under comm-run")
     check_replicas(ref, steps, "gloo")
@@ -63,7 +64,7 @@ def main():
     if torchrun and os.environ.get("TEST_TORCHRUN", "1") == "1":
         # Debian's torchrun (torch 1.13, Python 3.11) needs --redirects 1 --tee 1.
         tr = run([torchrun, "--standalone", "--nproc_per_node", "2", "--redirects", "1",
-                  "--tee", "1", EXAMPLE, "--steps", "3"] + SMALL + extra, "libcomm under torchrun")
+                  "--tee", "1", EXAMPLE, "--steps", "3"] + SMALL + OURS + extra, "libcomm under torchrun")
         check_replicas(tr, 3, "torchrun")
         for step in range(3):
             assert tr[step][0] == ours[step][0], f"torchrun step {step}: {tr[step][0]} vs {ours[step][0]}"

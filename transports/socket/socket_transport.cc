@@ -251,6 +251,7 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
 
   int64_t nconns = 2;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_NCONNS", 1, kMaxConns, &nconns));
+  if (options.socket_nconns != 0) nconns = options.socket_nconns;  // the tuning profile's (validated 1..8)
   Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return SystemError(me + ": socket transport: eventfd() failed: " + errno_string(errno));
 

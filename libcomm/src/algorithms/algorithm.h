@@ -32,7 +32,8 @@ struct Context {
   int rank;
   int size;
   Scratch& scratch;      // staging memory, touched once and reused
-  size_t chunk_bytes;    // pipelining granularity (COMM_CHUNK_BYTES)
+  size_t chunk_bytes;    // pipelining granularity (COMM_CHUNK_BYTES, or the tuning profile)
+  size_t shm_chunk_bytes = 0;  // shm_direct's chunk from the tuning profile; 0: COMM_SHM_CHUNK_BYTES
 };
 
 struct Algorithm {
@@ -47,10 +48,13 @@ const std::vector<Algorithm>& registry();
 
 // Picks the algorithm for a call: `forced` (COMM_ALGO, may be "") names one; if it
 // cannot run this call, the next that can is used and the fallback is logged.
-// Unknown forced name: INVALID_ARGUMENT listing the known ones.
-Status select(const Context& ctx, const CollArgs& args, const std::string& forced, const Algorithm** out);
+// Unknown forced name: INVALID_ARGUMENT listing the known ones. `source` names where the
+// forced name came from, for the fallback message ("COMM_ALGO", "tuning profile entry #3").
+Status select(const Context& ctx, const CollArgs& args, const std::string& forced, const Algorithm** out,
+              const char* source = "COMM_ALGO");
 
 // Runs the call with the selected algorithm (size==1 and count==0 handled by the algorithms).
-Status run_collective(Context& ctx, const CollArgs& args, const std::string& forced);
+Status run_collective(Context& ctx, const CollArgs& args, const std::string& forced,
+                      const char* source = "COMM_ALGO");
 
 }  // namespace comm::algo

@@ -113,9 +113,16 @@ bool first_fallback(const Algorithm* a) {
   return (warned.fetch_or(bit, std::memory_order_relaxed) & bit) == 0;
 }
 
+// "COMM_ALGO=ring", or "tuning profile entry #3 (...): algo=ring" (log lines only).
+std::string who(const char* source, const std::string& forced) {
+  if (std::strcmp(source, "COMM_ALGO") == 0) return "COMM_ALGO=" + forced;
+  return std::string(source) + ": algo=" + forced;
+}
+
 }  // namespace
 
-Status select(const Context& ctx, const CollArgs& args, const std::string& forced, const Algorithm** out) {
+Status select(const Context& ctx, const CollArgs& args, const std::string& forced, const Algorithm** out,
+              const char* source) {
   *out = nullptr;
   const Algorithm* fallback_from = nullptr;
   if (!forced.empty()) {
@@ -144,10 +151,10 @@ Status select(const Context& ctx, const CollArgs& args, const std::string& force
 
   if (fallback_from != nullptr) {
     if (first_fallback(fallback_from)) {
-      COMM_WARN(kAlg, "COMM_ALGO=%s cannot run %s on %d ranks; using %s instead (warned once)", forced.c_str(),
+      COMM_WARN(kAlg, "%s cannot run %s on %d ranks; using %s instead (warned once)", who(source, forced).c_str(),
                 transport::describe(args.tag).c_str(), ctx.size, chosen->name);
     } else {
-      COMM_INFO(kAlg, "COMM_ALGO=%s cannot run %s on %d ranks; using %s instead", forced.c_str(),
+      COMM_INFO(kAlg, "%s cannot run %s on %d ranks; using %s instead", who(source, forced).c_str(),
                 transport::describe(args.tag).c_str(), ctx.size, chosen->name);
     }
   }
@@ -155,9 +162,9 @@ Status select(const Context& ctx, const CollArgs& args, const std::string& force
   return Status::Ok();
 }
 
-Status run_collective(Context& ctx, const CollArgs& args, const std::string& forced) {
+Status run_collective(Context& ctx, const CollArgs& args, const std::string& forced, const char* source) {
   const Algorithm* algo = nullptr;
-  COMM_RETURN_IF_ERROR(select(ctx, args, forced, &algo));
+  COMM_RETURN_IF_ERROR(select(ctx, args, forced, &algo, source));
   COMM_TRACE(kAlg, "%s: %s", transport::describe(args.tag).c_str(), algo->name);
   return algo->run(ctx, args);
 }

@@ -27,7 +27,7 @@ DirectRun::DirectRun(Context& ctx, const CollArgs& args)
   n_ = static_cast<int>(la_.local_ranks().size());
   me_ = la_.local_index();
   esz_ = elem_size(args);
-  ce_ = std::min(shm_chunk_bytes(), ctx.chunk_bytes) / esz_;
+  ce_ = std::min(ctx.shm_chunk_bytes != 0 ? ctx.shm_chunk_bytes : shm_chunk_bytes(), ctx.chunk_bytes) / esz_;
   if (ce_ == 0) ce_ = 1;
   layout_ = BlockLayout{args.count, n_, false};
   steps_ = (layout_.max_len() + ce_ - 1) / ce_;
