@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "device_stream.h"
 #include "options.h"
 
 namespace bench {
@@ -30,6 +31,11 @@ class LibcommBackend final : public Backend {
       return std::string("comm_init failed: ") + comm_status_string(s) + ": " + comm_last_error(nullptr);
     }
     if (!ok(comm_rank(comm_, &rank_)) || !ok(comm_size(comm_, &nranks_))) return error_;
+    if (opt.device) {
+      if (opt.registered) return "-G 1 and -R 1 together: the engine fills buffers from the host; use one";
+      if (std::string why = device_.open(); !why.empty()) return why;
+      stream_ = device_.stream();
+    }
     return "";
   }
   int rank() const override { return rank_; }
@@ -49,6 +55,7 @@ class LibcommBackend final : public Backend {
   std::string unsupported(const char*, comm_dtype_t, comm_op_t) const override { return ""; }
 
   void* alloc(size_t bytes, bool registered) override {
+    if (stream_) return device_.alloc(bytes, &error_);
     if (registered) {
       void* p = nullptr;
       return ok(comm_mem_alloc(comm_, bytes, &p)) ? p : nullptr;
@@ -58,7 +65,9 @@ class LibcommBackend final : public Backend {
     return p;
   }
   void release(void* ptr, bool registered) override {
-    if (registered) {
+    if (stream_) {
+      device_.release(ptr);
+    } else if (registered) {
       comm_mem_free(comm_, ptr);
     } else {
       std::free(ptr);
@@ -66,34 +75,41 @@ class LibcommBackend final : public Backend {
   }
 
   bool allreduce(const void* s, void* r, size_t n, comm_dtype_t dt, comm_op_t op) override {
+    if (stream_) return on_stream(comm_allreduce(comm_, s, r, n, dt, op, stream_));
     return batching_ ? queue(comm_iallreduce(comm_, s, r, n, dt, op, next()))
                      : ok(comm_allreduce(comm_, s, r, n, dt, op, nullptr));
   }
   bool allgather(const void* s, void* r, size_t n, comm_dtype_t dt) override {
+    if (stream_) return on_stream(comm_allgather(comm_, s, r, n, dt, stream_));
     return batching_ ? queue(comm_iallgather(comm_, s, r, n, dt, next())) : ok(comm_allgather(comm_, s, r, n, dt, nullptr));
   }
   bool reduce_scatter(const void* s, void* r, size_t n, comm_dtype_t dt, comm_op_t op) override {
+    if (stream_) return on_stream(comm_reduce_scatter(comm_, s, r, n, dt, op, stream_));
     return batching_ ? queue(comm_ireduce_scatter(comm_, s, r, n, dt, op, next()))
                      : ok(comm_reduce_scatter(comm_, s, r, n, dt, op, nullptr));
   }
   bool broadcast(const void* s, void* r, size_t n, comm_dtype_t dt, int root) override {
+    if (stream_) return on_stream(comm_broadcast(comm_, s, r, n, dt, root, stream_));
     return batching_ ? queue(comm_ibroadcast(comm_, s, r, n, dt, root, next()))
                      : ok(comm_broadcast(comm_, s, r, n, dt, root, nullptr));
   }
   bool reduce(const void* s, void* r, size_t n, comm_dtype_t dt, comm_op_t op, int root) override {
+    if (stream_) return on_stream(comm_reduce(comm_, s, r, n, dt, op, root, stream_));
     return batching_ ? queue(comm_ireduce(comm_, s, r, n, dt, op, root, next()))
                      : ok(comm_reduce(comm_, s, r, n, dt, op, root, nullptr));
   }
   bool alltoall(const void* s, void* r, size_t n, comm_dtype_t dt) override {
+    if (stream_) return on_stream(comm_alltoall(comm_, s, r, n, dt, stream_));
     return batching_ ? queue(comm_ialltoall(comm_, s, r, n, dt, next())) : ok(comm_alltoall(comm_, s, r, n, dt, nullptr));
   }
   bool sendrecv(const void* s, void* r, size_t n, comm_dtype_t dt, int to, int from) override {
     if (batching_) return queue(comm_isend(comm_, s, n, dt, to, next())) && queue(comm_irecv(comm_, r, n, dt, from, next()));
     // One group, so that the ring of sends and receives cannot deadlock (NCCL's semantics).
     if (!ok(comm_group_start())) return false;
-    const bool sent = ok(comm_send(comm_, s, n, dt, to, nullptr));
-    const bool received = sent && ok(comm_recv(comm_, r, n, dt, from, nullptr));
-    return ok(comm_group_end()) && sent && received;
+    const bool sent = ok(comm_send(comm_, s, n, dt, to, stream_));
+    const bool received = sent && ok(comm_recv(comm_, r, n, dt, from, stream_));
+    const bool ended = ok(comm_group_end()) && sent && received;
+    return stream_ ? ended && on_stream(COMM_OK) : ended;
   }
 
   bool begin_batch() override {
@@ -102,13 +118,14 @@ class LibcommBackend final : public Backend {
   }
   bool end_batch() override {
     batching_ = false;
+    if (stream_) return device_.sync(&error_);
     bool good = true;
     for (comm_request_t req : requests_) good = ok(comm_wait(req)) && good;  // every request is freed by its wait
     requests_.clear();
     return good;
   }
 
-  bool barrier() override { return ok(comm_barrier(comm_, nullptr)); }
+  bool barrier() override { return (!stream_ || device_.sync(&error_)) && ok(comm_barrier(comm_, nullptr)); }
   bool reduce_value(double in, comm_op_t op, double* out) override {
     return ok(comm_allreduce(comm_, &in, out, 1, COMM_FLOAT64, op, nullptr));
   }
@@ -132,6 +149,8 @@ class LibcommBackend final : public Backend {
     error_ = std::string(comm_status_string(s)) + ": " + comm_last_error(comm_);
     return false;
   }
+  // -G 1: a call on the stream; blocking (-z 1, checks) waits for it, a batch at end_batch.
+  bool on_stream(comm_status_t s) { return ok(s) && (batching_ || device_.sync(&error_)); }
   comm_request_t* next() {
     requests_.push_back(nullptr);
     return &requests_.back();
@@ -149,6 +168,8 @@ class LibcommBackend final : public Backend {
   std::string algo_;
   std::string error_;
   bool batching_ = false;
+  DeviceStream device_;
+  void* stream_ = nullptr;  // -G 1: the CUDA stream every collective goes on
   std::vector<comm_request_t> requests_;
 };
 

@@ -31,6 +31,8 @@ void usage(FILE* out, const char* prog) {
       "default 0)\n"
       "\t[-a,--average <0/1/2/3>] (time reported: 0 rank 0's, 1 mean, 2 min, 3 max over ranks; default 3)\n"
       "\t[-R,--local_register <0/1>] (1: buffers from the library's allocator, comm_mem_alloc; default 0)\n"
+      "\t[-G,--device <0/1>] (libcomm: 1: CUDA managed buffers and a CUDA stream, so calls take the device path:\n"
+      "\t  NCCL, or staged through pinned host memory; -z 0 enqueues every iteration, then synchronises; default 0)\n"
       "\t[-t,--nthreads 1] [-g,--ngpus 1] (accepted for nccl-tests command lines; one rank per process)\n"
       "\t[--op-name <allreduce/allgather/reduce_scatter/broadcast/reduce/alltoall/sendrecv>] (default: from the\n"
       "\t  program's name, all_reduce_perf and so on, else allreduce)\n"
@@ -87,6 +89,7 @@ int parse_options(int argc, char** argv, const char* library, Options* opt) {
       {"datatype", required_argument, nullptr, 'd'},   {"root", required_argument, nullptr, 'r'},
       {"blocking", required_argument, nullptr, 'z'},   {"average", required_argument, nullptr, 'a'},
       {"local_register", required_argument, nullptr, 'R'},
+      {"device", required_argument, nullptr, 'G'},
       {"nthreads", required_argument, nullptr, 't'},   {"ngpus", required_argument, nullptr, 'g'},
       {"op-name", required_argument, nullptr, kOpName}, {"transport", required_argument, nullptr, kTransport},
       {"algo", required_argument, nullptr, kAlgo},     {"json", required_argument, nullptr, kJson},
@@ -94,7 +97,7 @@ int parse_options(int argc, char** argv, const char* library, Options* opt) {
       {"help", no_argument, nullptr, 'h'},             {nullptr, 0, nullptr, 0},
   };
   for (;;) {
-    int c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:z:a:R:t:g:h", longopts, nullptr);
+    int c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:z:a:R:G:t:g:h", longopts, nullptr);
     if (c == -1) break;
     long v = 0;
     bool ok = true;
@@ -133,6 +136,10 @@ int parse_options(int argc, char** argv, const char* library, Options* opt) {
       case 'R':
         ok = parse_int(optarg, 0, 1, &v);
         opt->registered = v == 1;
+        break;
+      case 'G':
+        ok = parse_int(optarg, 0, 1, &v);
+        opt->device = v == 1;
         break;
       case 't':
       case 'g': ok = parse_int(optarg, 1, 1, &v); break;

@@ -29,6 +29,7 @@ struct Options {
   bool blocking = false;  // -z 1: each call returns before the next is issued
   Average average = Average::kMax;
   bool registered = false;  // -R 1: buffers from the library's own allocator (comm_mem_alloc)
+  bool device = false;      // -G 1: CUDA managed buffers, calls on a stream (device buffers)
   std::string transport;    // "" : the library's default
   std::string algo;         // "" : the library's choice
   std::string json_path;

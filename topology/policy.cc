@@ -155,10 +155,11 @@ class Planner {
 
   void choose_peers() {
     std::string forced, source;
-    if (!config_.transport.empty() && config_.transport != "auto") {
+    // nccl is about device buffers: host buffers still take the plan's host transports.
+    if (!config_.transport.empty() && config_.transport != "auto" && config_.transport != "nccl") {
       forced = config_.transport;
       source = "comm_config_t.transport";
-    } else if (!env_.comm_transport.empty() && env_.comm_transport != "auto") {
+    } else if (!env_.comm_transport.empty() && env_.comm_transport != "auto" && env_.comm_transport != "nccl") {
       forced = env_.comm_transport;
       source = "COMM_TRANSPORT";
     }

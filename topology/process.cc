@@ -153,8 +153,13 @@ void prepare_process(Store* store) {
                 "round trip to the rendezvous store is %.0f us (> %.0f us): long-haul links; this rank uses "
                 "NCCL_IB_TIMEOUT %d, set COMM_CROSS_ZONE=1 on every rank so that all of them do",
                 *s.rtt_us, config.long_haul_rtt_us, plan.ib.timeout);
-    if (plan.uses_nccl) (void)apply_nccl_settings(plan);
+    if (plan.uses_nccl) apply_nccl_settings_once();
   });
+}
+
+void apply_nccl_settings_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { (void)apply_nccl_settings(plan_for_process()); });
 }
 
 }  // namespace comm::topology

@@ -30,5 +30,8 @@ std::string host_transport_for(PeerClass c);
 // Called from comm_init once the rendezvous store is up, once per process: measures the round trip
 // to the store, plans, logs the plan at COMM_DEBUG=INFO and applies its NCCL_* settings.
 void prepare_process(Store* store);
+// The plan's NCCL_* settings into the environment, once per process (never over the user's):
+// prepare_process does it when the probe saw GPUs, the NCCL backend before NCCL's first init.
+void apply_nccl_settings_once();
 
 }  // namespace comm::topology

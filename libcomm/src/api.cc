@@ -9,6 +9,7 @@
 #include "communicator.h"
 #include "group.h"
 #include "log.h"
+#include "transports/nccl/device.h"
 #include "transports/shm/domain.h"
 
 namespace comm {
@@ -196,6 +197,8 @@ COMM_API comm_status_t comm_mem_alloc(comm_t c, size_t bytes, void** ptr) {
     if (c == nullptr || ptr == nullptr) return comm::InvalidArgument("comm_mem_alloc: NULL communicator or output pointer");
     *ptr = nullptr;
     if (bytes == 0) return Status::Ok();
+    Status device_st;  // an NCCL communicator (COMM_TRANSPORT=nccl): NCCL-registered device memory
+    if (comm::device::mem_alloc(c, bytes, ptr, &device_st)) return device_st;
     size_t rounded = (bytes + 63) / 64 * 64;
     if (rounded < bytes) return comm::InvalidArgument("comm_mem_alloc: " + std::to_string(bytes) + " bytes overflows");
     if (c->shm_domain) {
@@ -220,6 +223,8 @@ COMM_API comm_status_t comm_mem_free(comm_t c, void* ptr) {
   return comm::guarded("comm_mem_free", [&]() -> Status {
     if (c == nullptr) return comm::InvalidArgument("comm_mem_free: NULL communicator");
     if (ptr == nullptr) return Status::Ok();
+    Status device_st;
+    if (comm::device::mem_free(c, ptr, &device_st)) return device_st;
     if (auto domain = comm::transport::shm::Domain::owner_of(ptr)) {
       domain->free(ptr);
       return Status::Ok();

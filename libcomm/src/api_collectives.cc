@@ -7,6 +7,7 @@
 #include "communicator.h"
 #include "dtype.h"
 #include "group.h"
+#include "transports/nccl/device.h"
 
 namespace comm {
 namespace {
@@ -98,13 +99,12 @@ comm_status_t issue(comm_t c, algo::CollArgs a, int raw_dtype, int raw_op, comm_
     if (nonblocking && req == nullptr) return InvalidArgument(where + "the request pointer is NULL");
     if (c->aborted.load(std::memory_order_acquire))
       return Aborted(where + "the communicator was aborted (comm_abort); destroy it and make a new one");
-    if (stream != nullptr)
-      return Unavailable(where + "a non-NULL stream means device buffers, which need the NCCL backend; "
-                                 "this build has none yet. Pass NULL for host buffers");
     a.dtype = static_cast<comm_dtype_t>(raw_dtype);
     a.op = reduces(a.kind) ? static_cast<comm_op_t>(raw_op) : COMM_SUM;
     if (!dtype_valid(raw_dtype)) a.dtype = COMM_UINT8;  // keep validate's size arithmetic defined
     COMM_RETURN_IF_ERROR(validate(c, a, raw_dtype, raw_op, where, in_group() && !nonblocking));
+    // A stream means device buffers: NCCL on that stream, or staged through pinned host memory.
+    if (stream != nullptr) return device::issue(c, a, stream, in_group()).prefixed(where.text());
     if (nonblocking) return enqueue(c, a, req);
     if (in_group()) {
       COMM_RETURN_IF_ERROR(check_usable(c));

@@ -17,6 +17,7 @@
 #include "transports/routed/routed_transport.h"
 #include "transports/shm/shm_transport.h"
 #include "topology/process.h"
+#include "transports/nccl/device.h"
 #include "transports/socket/socket_transport.h"
 
 namespace comm {
@@ -80,8 +81,8 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
   if (s->transport == "ucx")
     return Unavailable("transport '" + s->transport +
                        "' is not available in this build; use COMM_TRANSPORT=auto, shm or socket");
-  if (s->transport != "auto" && s->transport != "socket" && s->transport != "shm")
-    return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, shm or socket");
+  if (s->transport != "auto" && s->transport != "socket" && s->transport != "shm" && s->transport != "nccl")
+    return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, nccl, shm or socket");
   COMM_RETURN_IF_ERROR(params::get_string("COMM_ALGO", &s->forced_algo));
   int64_t chunk = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
@@ -381,6 +382,8 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   for (int r = 0; r < c->size; ++r) c->world_ranks[static_cast<size_t>(r)] = r;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
+  // Asked for NCCL: made now, so a job that cannot have it fails here, on every rank, saying why.
+  if (c->settings.transport == "nccl") COMM_RETURN_IF_ERROR(device::init_forced(c.get()));
   COMM_INFO(kInit, "rank %d of %d ready (init %s, transport %s, timeout %d ms)", c->rank, c->size,
             id.init_method.c_str(), c->transport->name(), c->settings.timeout_ms);
   *out = c.release();
@@ -421,6 +424,7 @@ void destroy_communicator(comm_t c) {
   c->queue_cv.notify_all();
   if (c->worker.joinable()) c->worker.join();  // drains: every queued call is bounded by the timeout
   for (auto* r : c->free_requests) delete r;
+  device::release(c);  // before the transport: a graceful NCCL finalize may still need peers
   c->transport.reset();
   delete c;
 }

@@ -22,6 +22,9 @@
 namespace comm::transport::shm {
 class Domain;
 }
+namespace comm::device {
+class State;
+}
 
 struct comm_request_s {
   comm_t comm = nullptr;
@@ -62,6 +65,9 @@ struct comm_s {
   // The profile entries for this communicator's rank count and transport (never null after init).
   std::shared_ptr<const comm::tuning::Applied> tuning;
   comm::algo::Scratch scratch;
+  // Device buffers (transports/nccl): the NCCL communicator or the staging buffer; made at
+  // init with COMM_TRANSPORT=nccl, else at the first call with a stream.
+  std::shared_ptr<comm::device::State> device;
 
   // Issue-order state, touched only by the thread that uses the communicator.
   uint64_t next_seq = 1;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "communicator.h"
+#include "transports/nccl/device.h"
 
 namespace comm {
 namespace {
@@ -28,6 +29,8 @@ Status group_end() {
   if (--t_group.depth > 0) return Status::Ok();
   auto calls = std::move(t_group.calls);
   t_group.calls.clear();
+  // Device calls went into an NCCL group as they came; it ends first (they are on streams).
+  Status first = device::group_end();
 
   // Per communicator, in order of first appearance: all sends and receives posted together,
   // then the collectives in issue order. (Sends/receives spanning several communicators in
@@ -38,7 +41,6 @@ Status group_end() {
     for (comm_t k : comms) seen = seen || k == c;
     if (!seen) comms.push_back(c);
   }
-  Status first;
   for (comm_t c : comms) {
     {
       std::unique_lock<std::mutex> lock(c->queue_mu);

@@ -16,8 +16,13 @@ const std::vector<Param>& all() {
        "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr},
       {"COMM_TRANSPORT", Type::kEnum, "auto",
        "host transport between ranks: auto = shared memory between ranks on one host and sockets between hosts; "
-       "shm = shared memory only (every rank on one host); socket = TCP everywhere (ucx: not in this build yet)",
-       "auto,socket,shm,ucx"},
+       "shm = shared memory only (every rank on one host); socket = TCP everywhere (ucx: not in this build yet). "
+       "Device buffers (a stream): auto = NCCL when every rank has it, else staged through pinned host memory; "
+       "nccl = NCCL required (comm_init fails with COMM_ERR_UNAVAILABLE saying why); shm/socket = staged",
+       "auto,nccl,socket,shm,ucx"},
+      {"COMM_NCCL_LIBRARY", Type::kString, "", "NCCL library to dlopen instead of libnccl.so.2", nullptr},
+      {"COMM_CUDA_LIBRARY", Type::kString, "",
+       "CUDA runtime to dlopen instead of libcudart.so.13, .12, .11.0 (the first found)", nullptr},
       {"COMM_AUTH_TOKEN", Type::kString, "", "peers without the same token are refused at rendezvous",
        nullptr},
       {"COMM_TUNING_FILE", Type::kString, "", "tuning profile (JSON) written by comm-tune", nullptr},

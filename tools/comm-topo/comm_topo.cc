@@ -10,7 +10,10 @@
 #include <cstdlib>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "params.h"
+#include "transports/nccl/device.h"
 #include "topology/plan_json.h"
 #include "topology/policy.h"
 #include "topology/probe.h"
@@ -202,6 +205,36 @@ void print_plan(const topo::Plan& p) {
 
 }  // namespace
 
+// What this process loads for device buffers (this machine, also with --topology).
+nlohmann::ordered_json device_json(const comm::device::Probe& p) {
+  auto or_null = [](const std::string& s) { return s.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(s); };
+  nlohmann::ordered_json ft = nlohmann::ordered_json::object();
+  for (const auto& [call, has] : p.fault_tolerance) ft[call] = has;
+  return {{"built_with_headers", p.built_with_headers},
+          {"cuda_library", or_null(p.cuda_library)},
+          {"cuda_runtime_version", p.cuda_runtime_version},
+          {"cuda_driver_version", p.cuda_driver_version},
+          {"cuda_devices", p.cuda_devices},
+          {"nccl_library", or_null(p.nccl_library)},
+          {"nccl_version", or_null(p.nccl_version)},
+          {"nccl_usable", p.usable},
+          {"why_not", or_null(p.why_not)},
+          {"fault_tolerance", ft}};
+}
+
+void print_device(const comm::device::Probe& p) {
+  std::printf("\nDevice buffers (this machine): %s\n", p.usable ? "NCCL" : "staged through pinned host memory, or unavailable");
+  std::printf("  built with CUDA/NCCL headers: %s\n", p.built_with_headers ? "yes" : "no");
+  std::printf("  NCCL: %s%s%s\n", p.nccl_library.empty() ? "not loaded" : p.nccl_library.c_str(),
+              p.nccl_version.empty() ? "" : ", version ", p.nccl_version.c_str());
+  std::printf("  CUDA runtime: %s, %d device(s)\n", p.cuda_library.empty() ? "not loaded" : p.cuda_library.c_str(),
+              p.cuda_devices);
+  if (!p.why_not.empty()) std::printf("  why not NCCL: %s\n", p.why_not.c_str());
+  std::string ft;
+  for (const auto& [call, has] : p.fault_tolerance) ft += (ft.empty() ? "" : ", ") + call + (has ? " yes" : " no");
+  std::printf("  NCCL fault-tolerance calls: %s\n", ft.empty() ? "- (NCCL not loaded)" : ft.c_str());
+}
+
 int main(int argc, char** argv) {
   Options opt;
   if (int rc = parse(argc, argv, &opt)) return rc;
@@ -222,13 +255,17 @@ int main(int argc, char** argv) {
   if (opt.rtt_us >= 0) config.rendezvous_rtt_us = opt.rtt_us;
   topo::Plan plan = topo::make_plan(t, topo::Env::from_process(), config);
 
+  const comm::device::Probe device = comm::device::probe_process();
   if (opt.json) {
-    std::printf("%s\n", topo::to_json_text(t, plan).c_str());
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(topo::to_json_text(t, plan));
+    j["device"] = device_json(device);
+    std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   print_devices(t);
   print_nvlink(t, plan);
   print_plan(plan);
+  print_device(device);
   if (!t.notes.empty()) {
     std::printf("\nNotes:\n");
     for (const auto& n : t.notes) std::printf("  - %s\n", n.c_str());

@@ -1,0 +1,59 @@
+#include "device_stream.h"
+
+#if defined(COMM_HAVE_CUDA_HEADERS) && defined(COMM_HAVE_NCCL_HEADERS)
+#include <cstdlib>
+
+#include "transports/nccl/cuda_library.h"
+
+namespace bench {
+namespace {
+const comm::device::CudaLibrary& cuda() {
+  const char* path = std::getenv("COMM_CUDA_LIBRARY");
+  return comm::device::cuda_library(path ? path : "");
+}
+}  // namespace
+
+DeviceStream::~DeviceStream() {
+  if (stream_) (void)cuda().cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+std::string DeviceStream::open() {
+  const auto& c = cuda();
+  if (!c.usable()) return "-G 1 needs CUDA: " + c.why_not;
+  cudaStream_t s = nullptr;
+  if (cudaError_t e = c.cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess)
+    return "cudaStreamCreate failed: " + c.error_text(e);
+  stream_ = s;
+  open_ = true;
+  return "";
+}
+
+void* DeviceStream::alloc(size_t bytes, std::string* error) {
+  void* p = nullptr;
+  if (cudaError_t e = cuda().cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal); e != cudaSuccess) {
+    *error = "cudaMallocManaged(" + std::to_string(bytes) + ") failed: " + cuda().error_text(e);
+    return nullptr;
+  }
+  return p;
+}
+
+void DeviceStream::release(void* p) { (void)cuda().cudaFree(p); }
+
+bool DeviceStream::sync(std::string* error) {
+  if (cudaError_t e = cuda().cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)); e != cudaSuccess) {
+    *error = "cudaStreamSynchronize failed: " + cuda().error_text(e);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace bench
+#else
+namespace bench {
+DeviceStream::~DeviceStream() = default;
+std::string DeviceStream::open() { return "-G 1: comm-bench was built without the CUDA/NCCL headers"; }
+void* DeviceStream::alloc(size_t, std::string*) { return nullptr; }
+void DeviceStream::release(void*) {}
+bool DeviceStream::sync(std::string*) { return false; }
+}  // namespace bench
+#endif

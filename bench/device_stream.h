@@ -1,0 +1,25 @@
+// comm-bench -G 1: CUDA managed buffers (the engine fills and checks them from the host; the
+// GPU migrates them on first use) and one CUDA stream, through the CUDA runtime libcomm itself
+// opens with dlopen. Without the CUDA headers at build time, open() says so.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace bench {
+
+class DeviceStream {
+ public:
+  ~DeviceStream();
+  std::string open();  // "" on success, else why not
+  void* stream() const { return stream_; }
+  void* alloc(size_t bytes, std::string* error);
+  void release(void* p);
+  bool sync(std::string* error);  // the stream's work done (bounded by the work itself)
+
+ private:
+  void* stream_ = nullptr;
+  bool open_ = false;
+};
+
+}  // namespace bench

@@ -1,0 +1,34 @@
+// Built without the CUDA/NCCL headers (meson -Dcuda=disabled, or none in -Dcudapath): device
+// buffers are unavailable, with a message saying so; everything else works as before.
+#include "communicator.h"
+#include "transports/nccl/device.h"
+
+namespace comm::device {
+
+namespace {
+const char* kWhy = "libcomm was built without the CUDA/NCCL headers (meson found no cuda_runtime_api.h and nccl.h "
+                   "under -Dcudapath); rebuild with them to use device buffers";
+}
+
+Probe probe_process() {
+  Probe p;
+  p.why_not = kWhy;
+  return p;
+}
+
+Status init_forced(comm_t c) {
+  return Unavailable("rank " + std::to_string(c->rank) + ": COMM_TRANSPORT=nccl, but " + kWhy);
+}
+
+Status issue(comm_t c, const algo::CollArgs&, comm_stream_t, bool) {
+  return Unavailable("rank " + std::to_string(c->rank) + ": a non-NULL stream means device buffers, but " + kWhy +
+                     ". Pass NULL for host buffers");
+}
+
+Status group_end() { return Status::Ok(); }
+bool mem_alloc(comm_t, size_t, void**, Status*) { return false; }
+bool mem_free(comm_t, void*, Status*) { return false; }
+void release(comm_t) {}
+
+
+}  // namespace comm::device
