@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -215,4 +216,176 @@ TEST_CASE("staged: COMM_TRANSPORT=socket keeps device buffers off NCCL even wher
 TEST_CASE("staged: two ranks on one GPU of one host never reach NCCL (it refuses them)", "[device]") {
   EnvGuard cuda("COMM_CUDA_LIBRARY", FAKE_CUDART);  // one fake GPU, the real libnccl.so.2
   CHECK(run_staged_collectives(2, nullptr) == "");
+}
+
+// ---- the NCCL path, over an NCCL and a CUDA runtime without a GPU (fake_nccl.cc, fake_cudart.cc) ----
+namespace {
+
+struct FakeNccl {
+  void* lib = dlopen(FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
+  template <typename F>
+  F fn(const char* name) { return reinterpret_cast<F>(dlsym(lib, name)); }
+  int count(const char* name) { return fn<int (*)()>(name)(); }
+  void set_async_error(int e) { fn<void (*)(int)>("fake_nccl_set_async_error")(e); }
+};
+
+void fake_set_device(int d) {
+  void* lib = dlopen(FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
+  reinterpret_cast<int (*)(int)>(dlsym(lib, "cudaSetDevice"))(d);
+}
+void fake_hang(int on) {
+  void* lib = dlopen(FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
+  reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_hang"))(on);
+}
+
+// Waits (bounded) until the watchdog has recorded an error on the communicator.
+comm_status_t async_error_within(comm_t c, double ms) {
+  const double until = now_ms() + ms;
+  comm_status_t s = COMM_OK;
+  while ((s = comm_get_async_error(c)) == COMM_OK && now_ms() < until) usleep(2000);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("NCCL path, 1 rank: every collective goes to NCCL on the stream; comm_mem_alloc gives NCCL-registered memory",
+          "[device]") {
+  EnvGuard cuda("COMM_CUDA_LIBRARY", FAKE_CUDART);
+  EnvGuard nccl("COMM_NCCL_LIBRARY", FAKE_NCCL);
+  FakeNccl fake;
+  FakeDevice dev;
+  REQUIRE(fake.lib != nullptr);
+  Ranks ranks = init_ranks(1, "fake-nccl-1", 20000, [](int, comm_config_t& cfg) { cfg.transport = "nccl"; });
+  INFO(ranks.describe());
+  REQUIRE(ranks.all_ok());
+  comm_t c = ranks.comms[0];
+  const size_t n = 257;
+  float* send = dev.alloc(n);
+  float* recv = dev.alloc(n);
+  for (size_t i = 0; i < n; ++i) send[i] = static_cast<float>(i);
+  auto same = [&] { return std::memcmp(send, recv, n * sizeof(float)) == 0; };
+  const int before = fake.count("fake_nccl_allreduces");
+  std::memset(recv, 0, n * sizeof(float));
+  CHECK(comm_allreduce(c, send, recv, n, COMM_FLOAT32, COMM_SUM, kStream) == COMM_OK);
+  CHECK(same());
+  CHECK(fake.count("fake_nccl_allreduces") == before + 1);
+  for (auto call : std::vector<std::function<comm_status_t()>>{
+           [&] { return comm_broadcast(c, send, recv, n, COMM_FLOAT32, 0, kStream); },
+           [&] { return comm_reduce(c, send, recv, n, COMM_FLOAT32, COMM_SUM, 0, kStream); },
+           [&] { return comm_allgather(c, send, recv, n, COMM_FLOAT32, kStream); },
+           [&] { return comm_reduce_scatter(c, send, recv, n, COMM_FLOAT32, COMM_SUM, kStream); },
+           [&] { return comm_alltoall(c, send, recv, n, COMM_FLOAT32, kStream); },
+           [&] {
+             comm_group_start();
+             comm_send(c, send, n, COMM_FLOAT32, 0, kStream);
+             comm_recv(c, recv, n, COMM_FLOAT32, 0, kStream);
+             return comm_group_end();
+           }}) {
+    std::memset(recv, 0, n * sizeof(float));
+    CHECK(call() == COMM_OK);
+    CHECK(same());
+  }
+  CHECK(comm_barrier(c, kStream) == COMM_OK);
+  void* mem = nullptr;
+  const int allocs = fake.count("fake_nccl_mem_allocs"), regs = fake.count("fake_nccl_registrations");
+  CHECK(comm_mem_alloc(c, 4096, &mem) == COMM_OK);
+  CHECK(mem != nullptr);
+  CHECK(fake.count("fake_nccl_mem_allocs") == allocs + 1);
+  CHECK(fake.count("fake_nccl_registrations") == regs + 1);
+  CHECK(comm_mem_free(c, mem) == COMM_OK);
+  dev.free_fn(send);
+  dev.free_fn(recv);
+  destroy_ranks(ranks.comms);
+}
+
+TEST_CASE("NCCL path, 3 ranks with a GPU each (auto, made at the first device call): sums across ranks", "[device]") {
+  EnvGuard cuda("COMM_CUDA_LIBRARY", FAKE_CUDART);
+  EnvGuard nccl("COMM_NCCL_LIBRARY", FAKE_NCCL);
+  FakeNccl fake;
+  FakeDevice dev;
+  Ranks ranks = init_ranks(3, "fake-nccl-3", 20000);
+  REQUIRE(ranks.all_ok());
+  const int before = fake.count("fake_nccl_allreduces");
+  Failures failures;
+  on_ranks(3, [&](int r) {
+    fake_set_device(r);  // one GPU per rank: NCCL, not staged
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    float* buf = dev.alloc(100);
+    for (int i = 0; i < 100; ++i) buf[i] = static_cast<float>(r + i);
+    for (int step = 0; step < 2; ++step)
+      if (comm_allreduce(c, buf, buf, 100, COMM_FLOAT32, COMM_SUM, kStream) != COMM_OK)
+        failures.add("allreduce: " + last_error(c));
+    for (int i = 0; i < 100; ++i)
+      if (buf[i] != static_cast<float>(3 * (3 + 3 * i))) failures.add("rank " + std::to_string(r) + " element " + std::to_string(i));
+    dev.free_fn(buf);
+  });
+  CHECK(failures.summary() == "");
+  CHECK(fake.count("fake_nccl_allreduces") == before + 2);
+  destroy_ranks(ranks.comms);
+}
+
+TEST_CASE("NCCL's asynchronous error: the watchdog aborts NCCL and the communicator fails with COMM_ERR_REMOTE",
+          "[device]") {
+  EnvGuard cuda("COMM_CUDA_LIBRARY", FAKE_CUDART);
+  EnvGuard nccl("COMM_NCCL_LIBRARY", FAKE_NCCL);
+  FakeNccl fake;
+  FakeDevice dev;
+  Ranks ranks = init_ranks(1, "fake-nccl-async", 20000, [](int, comm_config_t& cfg) { cfg.transport = "nccl"; });
+  REQUIRE(ranks.all_ok());
+  comm_t c = ranks.comms[0];
+  const int aborts = fake.count("fake_nccl_aborts");
+  fake.set_async_error(6);  // ncclRemoteError
+  CHECK(async_error_within(c, 3000) == COMM_ERR_REMOTE);
+  fake.set_async_error(0);
+  float* buf = dev.alloc(4);
+  CHECK(comm_allreduce(c, buf, buf, 4, COMM_FLOAT32, COMM_SUM, kStream) == COMM_ERR_REMOTE);
+  const std::string msg = last_error(c);
+  INFO(msg);
+  CHECK(icontains(msg, "rank 0"));
+  CHECK(icontains(msg, "ncclRemoteError"));
+  CHECK(icontains(msg, "the fake NCCL says so"));  // ncclGetLastError's text
+  CHECK(icontains(msg, "make a new one"));
+  CHECK(fake.count("fake_nccl_aborts") == aborts + 1);
+  dev.free_fn(buf);
+  destroy_ranks(ranks.comms);
+}
+
+TEST_CASE("an NCCL call that never completes: COMM_ERR_TIMEOUT after the communicator's timeout", "[device]") {
+  EnvGuard cuda("COMM_CUDA_LIBRARY", FAKE_CUDART);
+  EnvGuard nccl("COMM_NCCL_LIBRARY", FAKE_NCCL);
+  FakeNccl fake;
+  FakeDevice dev;
+  Ranks ranks = init_ranks(1, "fake-nccl-hang", 300, [](int, comm_config_t& cfg) { cfg.transport = "nccl"; });
+  REQUIRE(ranks.all_ok());
+  comm_t c = ranks.comms[0];
+  float* buf = dev.alloc(4);
+  fake_hang(1);  // the stream never gets past the call
+  CHECK(comm_allreduce(c, buf, buf, 4, COMM_FLOAT32, COMM_SUM, kStream) == COMM_OK);  // enqueued
+  const double t0 = now_ms();
+  CHECK(async_error_within(c, 3000) == COMM_ERR_TIMEOUT);
+  CHECK(now_ms() - t0 < 2000);
+  fake_hang(0);
+  CHECK(comm_allreduce(c, buf, buf, 4, COMM_FLOAT32, COMM_SUM, kStream) == COMM_ERR_TIMEOUT);
+  CHECK(icontains(last_error(c), "has not completed"));
+  dev.free_fn(buf);
+  destroy_ranks(ranks.comms);
+}
+
+TEST_CASE("comm_abort aborts the NCCL communicator; later device calls are COMM_ERR_ABORTED", "[device]") {
+  EnvGuard cuda("COMM_CUDA_LIBRARY", FAKE_CUDART);
+  EnvGuard nccl("COMM_NCCL_LIBRARY", FAKE_NCCL);
+  FakeNccl fake;
+  FakeDevice dev;
+  Ranks ranks = init_ranks(1, "fake-nccl-abort", 20000, [](int, comm_config_t& cfg) { cfg.transport = "nccl"; });
+  REQUIRE(ranks.all_ok());
+  comm_t c = ranks.comms[0];
+  const int aborts = fake.count("fake_nccl_aborts");
+  CHECK(comm_abort(c) == COMM_OK);
+  const double until = now_ms() + 2000;
+  while (fake.count("fake_nccl_aborts") == aborts && now_ms() < until) usleep(2000);
+  CHECK(fake.count("fake_nccl_aborts") == aborts + 1);
+  float* buf = dev.alloc(4);
+  CHECK(comm_allreduce(c, buf, buf, 4, COMM_FLOAT32, COMM_SUM, kStream) == COMM_ERR_ABORTED);
+  dev.free_fn(buf);
+  destroy_ranks(ranks.comms);
 }
