@@ -187,15 +187,18 @@ Status UcxTransport::post(bool is_send, int peer, const OpTag& tag, char* buf, s
 // from the wire: checked before it is believed.
 static Status check_header(const Request& r, uint64_t key, int me_rank) {
   const Part& hp = r.parts[0];
+  const WireHeader& h = r.header;
+  const OpTag got = tag_of(h);
+  // The common case first, with nothing allocated: messages are only built on failure.
+  if (hp.length == sizeof(WireHeader) && h.magic == kMagic && h.key == key && got == r.tag && h.bytes == r.bytes)
+    return Status::Ok();
   const std::string them = "rank " + std::to_string(r.peer);
   if (hp.length != sizeof(WireHeader))
     return RemoteError(them + " sent a malformed UCX header (" + std::to_string(hp.length) + " bytes) for " +
                        describe(r.tag) + "; is it running the same libcomm version?");
-  const WireHeader& h = r.header;
   if (h.magic != kMagic || h.key != key)
     return RemoteError("a message from " + them + " for " + describe(r.tag) +
                        " does not carry this job's key (another job, or a stray sender?); refused");
-  const OpTag got = tag_of(h);
   const std::string us = "rank " + std::to_string(me_rank) + " (this rank)";
   if (!(got == r.tag)) return InvalidUsage(them + " called " + describe(got) + " but " + us + " called " + describe(r.tag));
   if (h.bytes != r.bytes)
@@ -205,12 +208,12 @@ static Status check_header(const Request& r, uint64_t key, int me_rank) {
 }
 
 Status UcxTransport::check(Request& r) {
-  const std::string them = "rank " + std::to_string(r.peer);
   const int nparts = r.bytes > 0 ? 2 : 1;
   if (!r.is_send && r.parts[0].status == UCS_OK) COMM_RETURN_IF_ERROR(check_header(r, key_, rank()));
   for (int k = 0; k < nparts; ++k) {
     const Part& p = r.parts[k];
     if (p.status == UCS_OK) continue;
+    const std::string them = "rank " + std::to_string(r.peer);
     if (p.status == UCS_ERR_MESSAGE_TRUNCATED)
       return InvalidUsage(them + " sent more than the " + std::to_string(k == 0 ? sizeof(WireHeader) : r.bytes) +
                           " bytes rank " + std::to_string(rank()) + " (this rank) expects for " + describe(r.tag));
@@ -221,7 +224,7 @@ Status UcxTransport::check(Request& r) {
                        ucs(p.status) + "' (did it exit or crash?)");
   }
   if (!r.is_send && r.bytes > 0 && r.parts[1].length != r.bytes)
-    return InvalidUsage(them + " sent " + std::to_string(r.parts[1].length) + " bytes for " + describe(r.tag) +
+    return InvalidUsage("rank " + std::to_string(r.peer) + " sent " + std::to_string(r.parts[1].length) + " bytes for " + describe(r.tag) +
                         " but rank " + std::to_string(rank()) + " (this rank) expects " + std::to_string(r.bytes));
   return Status::Ok();
 }
