@@ -1,18 +1,19 @@
 #!/bin/bash
 # The build used the CUDA/NCCL headers when they are there, libcomm.so links no CUDA library,
 # and real processes asking for NCCL here fail with COMM_ERR_UNAVAILABLE saying why.
-# usage: test_device_build.sh BUILD_ROOT CUDA_INCLUDE_DIR
+# usage: test_device_build.sh BUILD_ROOT CUDA_INCLUDE_DIR HEADERS_FOUND(true|false: what meson decided)
 set -u
-build=$1 cuda_include=$2
+build=$1 cuda_include=$2 found=$3
 fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
 json=$("$build/tools/comm-topo/comm-topo" --json)
 built=$(printf '%s' "$json" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["device"]["built_with_headers"])')
-if [ -f "$cuda_include/cuda_runtime_api.h" ] && [ -f "$cuda_include/nccl.h" ]; then
-  check "headers in $cuda_include: built with them (comm-topo --json device.built_with_headers)" '[ "$built" = True ]'
+if [ "$found" = true ]; then
+  check "headers in $cuda_include: built with them (comm-topo --json device.built_with_headers)" \
+    '[ "$built" = True ] && [ -f "$cuda_include/cuda_runtime_api.h" ] && [ -f "$cuda_include/nccl.h" ]'
 else
-  check "no headers in $cuda_include: built without them" '[ "$built" = False ]'
+  check "built without the headers (-Dcuda=disabled, or none in $cuda_include): comm-topo says so" '[ "$built" = False ]'
 fi
 needed=$(readelf -d "$build/libcomm.so" | grep NEEDED)
 check "libcomm.so links no CUDA or NCCL library (dlopen only): $(echo $needed | tr -s ' ')" \
