@@ -270,7 +270,9 @@ COMM_API comm_status_t comm_engine_begin(comm_engine_t eng, int sync);
  * returns at once. */
 COMM_API comm_status_t comm_engine_grad_ready(comm_engine_t eng, int index, void* ptr);
 /* With gradient_as_bucket_view: the gradient's place in the bucket storage. Valid until
- * layout_version changes (at most once, after the first synced step with static_graph). */
+ * layout_version changes (at most once, in the first synced step's end() with static_graph):
+ * the old views then still hold that step's reduced values until the next comm_engine_begin;
+ * fetch the new ones (they hold the same values) before it. */
 COMM_API comm_status_t comm_engine_grad_view(comm_engine_t eng, int index, void** ptr);
 /* Before the optimizer step: waits until every reported gradient holds the reduced value. */
 COMM_API comm_status_t comm_engine_end(comm_engine_t eng);

@@ -228,6 +228,7 @@ Status Engine::begin(bool sync) {
   if (in_step_)
     return InvalidUsage(where("comm_engine_begin") +
                         "a step is already open (begin twice without end); call comm_engine_end first");
+  retired_.clear();  // the views a static-graph rebuild replaced (freed once)
   std::fill(state_.begin(), state_.end(), ParamState::kWaiting);
   std::fill(grad_ptr_.begin(), grad_ptr_.end(), nullptr);
   in_step_ = true;
@@ -410,6 +411,9 @@ Status Engine::rebuild_from_rank0() {
         std::memcpy(static_cast<char*>(to.data.ptr) + param_offset_[p] * es,
                     static_cast<const char*>(from.data.ptr) + old_offset[p] * es, params_[p].count * es);
     }
+  // The framework's gradients still point into the old views until it fetches the new ones
+  // (after this end(), before the next begin()): they stay valid, with the reduced values, until then.
+  retired_ = std::move(old);
   learnt_ = true;
   learning_ = false;
   COMM_INFO(kColl, "rank %d: static graph: buckets rebuilt from rank 0's ready order (%zu buckets)", rank_,

@@ -93,6 +93,7 @@ class Engine {
   std::vector<int> param_bucket_;
   std::vector<size_t> param_offset_;  // elements, inside its bucket
   std::vector<Bucket> buckets_;
+  std::vector<Bucket> retired_;  // the layout a static-graph rebuild replaced, until the next begin()
   bool finalized_ = false;
   int layout_version_ = 0;
 
