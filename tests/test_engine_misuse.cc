@@ -193,3 +193,34 @@ TEST_CASE("engine misuse: a gradient missing on one rank, or a step synced on on
     }
   }
 }
+
+TEST_CASE("engine misuse: comm_abort on the trainer's communicator ends a waiting end()", "[engine][deadline]") {
+  abi::Ranks w = abi::init_ranks(2, "engine-abort", 20000);
+  REQUIRE(w.all_ok());
+  auto out = abi::on_ranks(2, [&](int r) {
+    comm_engine_t e = make_engine(w.comms[static_cast<size_t>(r)], {16});
+    if (e == nullptr) return Outcome{COMM_ERR_INTERNAL, "setup", 0};
+    std::vector<float> g(16, 1.0f);
+    Outcome o;
+    if (r == 0) {
+      // Rank 1 never joins the step: rank 0's end() waits until its trainer aborts.
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        comm_abort(w.comms[0]);
+      });
+      (void)comm_engine_begin(e, 1);
+      (void)comm_engine_grad_ready(e, 0, g.data());
+      o = call([&] { return comm_engine_end(e); });
+      aborter.join();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    }
+    (void)comm_engine_destroy(e);
+    return o;
+  });
+  abi::destroy_ranks(w.comms);
+  INFO(abi::status_name(out[0].st) << " after " << out[0].ms << " ms: " << out[0].msg);
+  CHECK(out[0].st == COMM_ERR_ABORTED);
+  CHECK(out[0].ms < 5000);
+  CHECK(abi::icontains(out[0].msg, "comm_abort"));
+}

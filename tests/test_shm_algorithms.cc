@@ -11,6 +11,7 @@
 #include "algorithms/algorithm.h"
 #include "dtype.h"
 #include "support/collective_check.h"
+#include "transports/ucx/ucx_transport.h"
 
 using comm::transport::CollKind;
 using namespace comm::testing;
@@ -24,8 +25,9 @@ const comm_op_t kOps[] = {COMM_SUM, COMM_PROD, COMM_MIN, COMM_MAX, COMM_AVG};
 
 // Restores the in-process wire when a test case ends, whatever happened.
 struct WireScope {
-  explicit WireScope(Wire w) { set_wire(w); }
-  ~WireScope() { set_wire(Wire::kInproc); }
+  explicit WireScope(Wire w) : before(current_wire()) { set_wire(w); }
+  ~WireScope() { set_wire(before); }
+  Wire before;
 };
 
 // What select() picks when `algo` is forced: one-sided algorithms say "not me" outside their
@@ -180,4 +182,27 @@ TEST_CASE("shm without process_vm_readv (COMM_SHM_CMA=0): the direct allreduce a
   two_sided_sweep(Wire::kShm, {3});
   unsetenv("COMM_SHM_CMA");
   reset_wire_cache();
+}
+
+// The same sweeps over UCX (issue 7): every rank pair over UCX, and UCX mixed with shared memory
+// or sockets, hosts told apart per rank (ranks alternate between two "hosts").
+TEST_CASE("ucx: every two-sided algorithm of every collective runs unchanged over UCX, 2 to 5 ranks",
+          "[ucx_algorithms]") {
+  if (!comm::transport::ucx_built()) return;
+  two_sided_sweep(Wire::kUcx, {2, 3, 4, 5});
+}
+
+TEST_CASE("two hosts x ranks: shared memory inside, UCX between (the plan on InfiniBand/RoCE hosts)",
+          "[ucx_algorithms]") {
+  if (!comm::transport::ucx_built()) return;
+  allreduce_sweep(Wire::kShmUcx, {"hierarchical"}, {COMM_FLOAT32, COMM_BFLOAT16, COMM_INT64}, {0, 7, 70001, kHuge},
+                  {4, 3}, false);
+  two_sided_sweep(Wire::kShmUcx, {4, 5});
+}
+
+TEST_CASE("two hosts x ranks: UCX and sockets mixed (sockets inside and UCX between, and the reverse)",
+          "[ucx_algorithms]") {
+  if (!comm::transport::ucx_built()) return;
+  two_sided_sweep(Wire::kSocketUcx, {4});
+  two_sided_sweep(Wire::kUcxSocket, {3, 5});
 }

@@ -11,6 +11,7 @@
 #include "params.h"
 #include "store/store.h"
 #include "topology/apply.h"
+#include "transports/ucx/ucx_transport.h"
 
 namespace comm::topology {
 namespace {
@@ -93,6 +94,7 @@ Config config_from_env() {
     }
   }
   c.numa = numa_of_current_cpu();
+  if (transport::ucx_built()) c.host_transports.push_back("ucx");  // the plan may pick it for IB/RoCE peers
   int64_t threshold = 0;
   if (params::get_int("COMM_LONG_HAUL_RTT_US", 1, 60000000, &threshold).ok())
     c.long_haul_rtt_us = static_cast<double>(threshold);

@@ -19,6 +19,7 @@
 #include "topology/process.h"
 #include "transports/nccl/device.h"
 #include "transports/socket/socket_transport.h"
+#include "transports/ucx/ucx_transport.h"
 
 namespace comm {
 namespace {
@@ -78,11 +79,12 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
     COMM_RETURN_IF_ERROR(params::get_string("COMM_TRANSPORT", &s->transport));
   }
   for (auto& ch : s->transport) ch = static_cast<char>(tolower(static_cast<unsigned char>(ch)));
-  if (s->transport == "ucx")
-    return Unavailable("transport '" + s->transport +
-                       "' is not available in this build; use COMM_TRANSPORT=auto, shm or socket");
-  if (s->transport != "auto" && s->transport != "socket" && s->transport != "shm" && s->transport != "nccl")
-    return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, nccl, shm or socket");
+  if (s->transport == "ucx" && !transport::ucx_built())
+    return Unavailable("transport 'ucx' is not available in this build (libucx-dev was not found when libcomm "
+                       "was built); use COMM_TRANSPORT=auto, shm or socket");
+  if (s->transport != "auto" && s->transport != "socket" && s->transport != "shm" && s->transport != "nccl" &&
+      s->transport != "ucx")
+    return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, nccl, shm, socket or ucx");
   COMM_RETURN_IF_ERROR(params::get_string("COMM_ALGO", &s->forced_algo));
   int64_t chunk = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
@@ -265,11 +267,56 @@ bool every_rank_alone(const std::vector<int>& host_of) {
   return true;
 }
 
+// The host transport for ranks on this host and for ranks on other hosts: the topology plan's
+// per peer class (same host: shm; other host: ucx on InfiniBand/RoCE hosts, else socket), or the
+// forced one (COMM_TRANSPORT / comm_config_t.transport). Every rank decides alike: the plan's
+// choices are in the init agreement, the host map is the same everywhere.
+struct Choice {
+  std::string transport;
+  std::string why;
+};
+void choose(const CommSettings& s, Choice* near, Choice* far) {
+  // nccl is about device buffers: host buffers take the plan's transports, as with auto.
+  if (s.transport != "auto" && s.transport != "nccl") {
+    near->transport = far->transport = s.transport;
+    near->why = far->why = "COMM_TRANSPORT / comm_config_t.transport = " + s.transport + " forces it";
+    return;
+  }
+  const topology::Plan& plan = topology::plan_for_process();
+  const topology::PeerPlan& local = plan.peer(topology::PeerClass::kSameNuma);
+  const topology::PeerPlan& remote = plan.peer(topology::PeerClass::kOtherHost);
+  *near = {local.host_transport, "topology plan: " + local.why};
+  *far = {remote.host_transport, "topology plan: " + remote.why};
+}
+
+Status create_host_transport(const std::string& kind, const transport::Options& opt, comm_t c,
+                             std::unique_ptr<transport::Transport>* out) {
+  transport::Options o = opt;
+  o.store = make_prefix_store(c->job_store, "comm/" + c->id + "/" + kind);
+  if (kind == "ucx") return transport::create_ucx_transport(o, out);
+  return transport::create_socket_transport(o, out);
+}
+
+std::string ranks_where(comm_t c, bool local) {
+  std::string out;
+  for (int r = 0; r < c->size; ++r)
+    if (r != c->rank && (c->host_of[static_cast<size_t>(r)] == c->host_of[static_cast<size_t>(c->rank)]) == local)
+      out += (out.empty() ? "" : ",") + std::to_string(r);
+  return out;
+}
+
 // The profile's transport name for this communicator, decided before it connects (the
-// communicator knobs shape the connection): shm (every rank on one host), socket, shm+socket.
+// communicator knobs shape the connection): shm (every rank on one host), socket, ucx,
+// shm+socket, shm+ucx, socket+ucx -- as connect_transport() builds it.
 std::string profile_transport(comm_t c) {
-  if (c->settings.transport == "socket" || !c->shm_usable || every_rank_alone(c->host_of)) return "socket";
-  return c->all_local ? "shm" : "shm+socket";
+  if (c->settings.transport == "ucx") return "ucx";
+  Choice near, far;
+  choose(c->settings, &near, &far);
+  const std::string remote = far.transport == "ucx" ? "ucx" : "socket";
+  if (c->settings.transport == "socket") return "socket";
+  if (every_rank_alone(c->host_of)) return remote;
+  if (!c->shm_usable) return c->all_local || remote == "socket" ? "socket" : "socket+ucx";
+  return c->all_local ? "shm" : "shm+" + remote;
 }
 
 // The tuning profile's entries for this communicator, and the INFO lines that say which
@@ -293,9 +340,9 @@ void match_tuning(comm_t c) {
             c->tuning->comm_settings().empty() ? "none" : c->tuning->comm_settings().c_str());
 }
 
-// Shared memory between ranks on one host, sockets between hosts (auto); COMM_TRANSPORT=shm
-// needs one host, socket forces sockets everywhere. Every rank of the communicator decides
-// alike: the host map is the same everywhere and shm's setup outcome is agreed.
+// The plan's transports per peer (above), shm falling back to sockets where it cannot be set
+// up; COMM_TRANSPORT=shm needs one host. Every rank of the communicator decides alike: the host
+// map is the same everywhere and shm's setup outcome is agreed.
 Status connect_transport(comm_t c) {
   transport::Options opt;
   opt.rank = c->rank;
@@ -315,9 +362,12 @@ Status connect_transport(comm_t c) {
     c->transport = std::make_unique<LoneTransport>(opt);
     return Status::Ok();
   }
+  Choice near_choice, far_choice;
+  choose(c->settings, &near_choice, &far_choice);
+  const std::string local_peers = ranks_where(c, true), remote_peers = ranks_where(c, false);
   const bool forced_shm = c->settings.transport == "shm";
   std::unique_ptr<transport::Transport> near;
-  if (c->settings.transport != "socket" && c->shm_usable && !every_rank_alone(c->host_of)) {
+  if (near_choice.transport == "shm" && c->shm_usable && !every_rank_alone(c->host_of)) {
     transport::Options shm_opt = opt;
     shm_opt.store = make_prefix_store(c->job_store, "comm/" + c->id + "/shm");
     transport::ShmConfig config;
@@ -333,13 +383,28 @@ Status connect_transport(comm_t c) {
       c->shm_usable = false;
     }
     near = std::move(outcome.transport);
+    if (!near) near_choice = {"socket", "shared memory unavailable: " + outcome.why_not};
+  } else if (near_choice.transport == "shm") {
+    near_choice = {"socket", c->shm_usable ? "no two ranks share a host" : "shared memory unavailable on some host"};
   }
+  if (!local_peers.empty())
+    COMM_INFO(kNet, "comm %s rank %d: ranks on this host (%s) -> %s (%s)", c->id.c_str(), c->rank, local_peers.c_str(),
+              near ? near->name() : near_choice.transport.c_str(), near_choice.why.c_str());
+  if (!remote_peers.empty())
+    COMM_INFO(kNet, "comm %s rank %d: ranks on other hosts (%s) -> %s (%s)", c->id.c_str(), c->rank,
+              remote_peers.c_str(), far_choice.transport.c_str(), far_choice.why.c_str());
   if (near && c->all_local) {
     c->transport = std::move(near);
     return Status::Ok();
   }
+  // One transport reaches every peer when nothing local is special (or local and remote agree).
+  const std::string& far_kind = c->all_local ? near_choice.transport : far_choice.transport;
   std::unique_ptr<transport::Transport> far;
-  COMM_RETURN_IF_ERROR(transport::create_socket_transport(opt, &far));
+  COMM_RETURN_IF_ERROR(create_host_transport(far_kind, opt, c, &far));
+  if (!near && (near_choice.transport != far_kind && !local_peers.empty() && !remote_peers.empty())) {
+    // Local ranks on another transport than remote ones (e.g. sockets inside, UCX between).
+    COMM_RETURN_IF_ERROR(create_host_transport(near_choice.transport, opt, c, &near));
+  }
   if (!near) {
     c->transport = std::move(far);
     return Status::Ok();

@@ -15,10 +15,11 @@ const std::vector<Param>& all() {
       {"COMM_TIMEOUT_MS", Type::kInt, "600000",
        "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr},
       {"COMM_TRANSPORT", Type::kEnum, "auto",
-       "host transport between ranks: auto = shared memory between ranks on one host and sockets between hosts; "
-       "shm = shared memory only (every rank on one host); socket = TCP everywhere (ucx: not in this build yet). "
+       "host transport between ranks: auto = the topology plan's per peer (shared memory on one host; between "
+       "hosts UCX where InfiniBand/RoCE is up, else sockets); shm = shared memory only (every rank on one host); "
+       "socket = TCP everywhere; ucx = UCX everywhere (UCX_TLS picks its wires). "
        "Device buffers (a stream): auto = NCCL when every rank has it, else staged through pinned host memory; "
-       "nccl = NCCL required (comm_init fails with COMM_ERR_UNAVAILABLE saying why); shm/socket = staged",
+       "nccl = NCCL required (comm_init fails with COMM_ERR_UNAVAILABLE saying why); shm/socket/ucx = staged",
        "auto,nccl,socket,shm,ucx"},
       {"COMM_NCCL_LIBRARY", Type::kString, "", "NCCL library to dlopen instead of libnccl.so.2", nullptr},
       {"COMM_CUDA_LIBRARY", Type::kString, "",

@@ -85,10 +85,11 @@ inline std::vector<std::string> clean_environment() {
                                      "MASTER_ADDR=", "MASTER_PORT=", "TORCHELASTIC_", "OMPI_", "PMI", "SLURM_",
                                      "NCCL_", "UCX_"};
   std::vector<std::string> env;
+  const bool keep_ucx = std::getenv("ABI_TRANSPORT") != nullptr;  // e.g. UCX_TLS for ABI_TRANSPORT=ucx
   for (char** e = environ; *e; ++e) {
     const std::string s(*e);
     bool keep = true;
-    for (const char* d : drop) keep = keep && s.rfind(d, 0) != 0;
+    for (const char* d : drop) keep = keep && (s.rfind(d, 0) != 0 || (keep_ucx && s.rfind("UCX_", 0) == 0));
     if (s.rfind("COMM_", 0) == 0 && s.rfind("COMM_DEBUG", 0) != 0) keep = false;
     if (keep) env.push_back(s);
   }
@@ -146,6 +147,9 @@ inline Env torchrun_env(int r, int n, int port, int timeout_ms, const Env& extra
              {"MASTER_ADDR", "127.0.0.1"},
              {"MASTER_PORT", std::to_string(port)},
              {"COMM_TIMEOUT_MS", std::to_string(timeout_ms)}};
+  // ABI_TRANSPORT runs the same process tests over another transport (COMM_TRANSPORT); a test
+  // that sets COMM_TRANSPORT itself keeps its own.
+  if (const char* t = std::getenv("ABI_TRANSPORT")) env.emplace_back("COMM_TRANSPORT", t);
   for (const auto& [k, v] : extra) {
     bool replaced = false;
     for (auto& e : env) {

@@ -119,6 +119,30 @@ TEST_CASE("shm processes: 2 hosts x 2 ranks (COMM_HOST_ID): every collective cor
   }
 }
 
+TEST_CASE("ucx processes: 2 hosts x 2 ranks on InfiniBand hosts (COMM_TOPO_XML): the plan picks shared memory "
+          "inside a host and UCX between hosts, logs why, and every collective is correct and identical",
+          "[ucx_process]") {
+  TempDir dir;
+  const int n = 4, port = free_port();
+  const std::string topo = std::string(ABI_SOURCE_ROOT) + "/tests/fixtures/nccl-topo/ndv4-topo.xml";
+  auto procs = launch(dir, "collectives", n, [&](int r) {
+    return torchrun_env(r, n, port, 30000,
+                        {{"COMM_HOST_ID", r < 2 ? "host-a" : "host-b"}, {"COMM_TOPO_XML", topo},
+                         {"COMM_DEBUG", "INFO"}, {"COMM_DEBUG_SUBSYS", "NET,INIT"}, {"UCX_TLS", "tcp,self"}});
+  });
+  const bool ended = wait_all(procs, now_ms() + 240000);
+  INFO(describe_all(procs));
+  CHECK(ended);
+  check_done_and_identical(procs, 15);
+  for (const auto& p : procs) {
+    const std::string out = p.output();
+    CHECK(out.find("transport shm+ucx") != std::string::npos);
+    CHECK(out.find("ranks on other hosts") != std::string::npos);
+    CHECK(out.find("-> ucx (topology plan: InfiniBand/RoCE HCA(s)") != std::string::npos);
+    CHECK(out.find("-> shm (topology plan: same host") != std::string::npos);
+  }
+}
+
 TEST_CASE("shm processes: COMM_TRANSPORT=shm with ranks on two hosts fails init on every rank with "
           "COMM_ERR_UNAVAILABLE saying why",
           "[shm_process]") {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <thread>
@@ -319,7 +320,20 @@ std::string Case::label() const {
 
 namespace {
 
-Wire g_wire = Wire::kInproc;
+// COMM_TEST_WIRE runs every sweep over real transports: the same cases, another wire
+// (e.g. COMM_TEST_WIRE=ucx build/tests/unit_tests '[algorithms]').
+Wire wire_from_env() {
+  const char* v = std::getenv("COMM_TEST_WIRE");
+  const std::string w = v ? v : "";
+  if (w == "shm") return Wire::kShm;
+  if (w == "two_hosts") return Wire::kTwoHosts;
+  if (w == "ucx") return Wire::kUcx;
+  if (w == "shm_ucx") return Wire::kShmUcx;
+  if (w == "socket_ucx") return Wire::kSocketUcx;
+  if (w == "ucx_socket") return Wire::kUcxSocket;
+  return Wire::kInproc;
+}
+Wire g_wire = wire_from_env();
 std::map<std::pair<Wire, int>, std::vector<std::unique_ptr<transport::Transport>>> g_real;
 
 // Runs body over the cached real transports of this wire and rank count.
@@ -329,7 +343,17 @@ RunResult run_real(int n, size_t chunk_bytes, const std::function<Status(Context
   res.chosen.resize(n);
   auto& ts = g_real[{g_wire, n}];
   if (ts.empty()) {
-    Status st = make_real_transports(g_wire == Wire::kShm ? one_host(n) : two_hosts(n), kTimeoutMs, &ts);
+    // (hosts, transport inside a host, transport between hosts) per wire.
+    Status st;
+    switch (g_wire) {
+      case Wire::kShm: st = make_real_transports(one_host(n), kTimeoutMs, &ts); break;
+      case Wire::kTwoHosts: st = make_real_transports(two_hosts(n), kTimeoutMs, &ts); break;
+      case Wire::kUcx: st = make_real_transports(one_host(n), kTimeoutMs, &ts, "ucx", "ucx"); break;
+      case Wire::kShmUcx: st = make_real_transports(two_hosts(n), kTimeoutMs, &ts, "shm", "ucx"); break;
+      case Wire::kSocketUcx: st = make_real_transports(two_hosts(n), kTimeoutMs, &ts, "socket", "ucx"); break;
+      case Wire::kUcxSocket: st = make_real_transports(two_hosts(n), kTimeoutMs, &ts, "ucx", "socket"); break;
+      default: st = Internal("run_real: the in-process wire has no real transports"); break;
+    }
     if (!st.ok()) {
       ts.clear();
       for (auto& s : res.status) s = st;
@@ -352,6 +376,7 @@ RunResult run_real(int n, size_t chunk_bytes, const std::function<Status(Context
 }  // namespace
 
 void set_wire(Wire w) { g_wire = w; }
+Wire current_wire() { return g_wire; }
 void reset_wire_cache() { g_real.clear(); }
 
 RunResult run_ranks(int n, size_t chunk_bytes, int timeout_ms,

@@ -39,9 +39,11 @@ RunResult run_ranks(int n, size_t chunk_bytes, int timeout_ms, const std::functi
 
 // What run_case() runs over: the in-process double (default), or real transports kept per
 // rank count and reused across cases (recreated after a failure): shared memory among ranks
-// of one host, or ranks alternating between two "hosts" (shm inside, sockets between).
-enum class Wire { kInproc, kShm, kTwoHosts };
+// of one host, or ranks alternating between two "hosts" (shm inside, sockets between); UCX
+// everywhere, or UCX mixed with shared memory or sockets (inside a host / between hosts).
+enum class Wire { kInproc, kShm, kTwoHosts, kUcx, kShmUcx, kSocketUcx, kUcxSocket };
 void set_wire(Wire w);
+Wire current_wire();  // COMM_TEST_WIRE's (default: in-process) unless set
 // Drops the cached real transports (e.g. after changing COMM_SHM_* in the environment).
 void reset_wire_cache();
 

@@ -11,6 +11,7 @@
 #include "transports/routed/routed_transport.h"
 #include "transports/shm/shm_transport.h"
 #include "transports/socket/socket_transport.h"
+#include "transports/ucx/ucx_transport.h"
 
 namespace comm::testing {
 
@@ -22,8 +23,21 @@ std::vector<int> two_hosts(int n) {
   return h;
 }
 
+namespace {
+
+Status make_one(const std::string& kind, const transport::Options& opt, const std::shared_ptr<Store>& store,
+                std::unique_ptr<transport::Transport>* out) {
+  transport::Options o = opt;
+  o.store = make_prefix_store(store, kind);
+  if (kind == "ucx") return transport::create_ucx_transport(o, out);
+  return transport::create_socket_transport(o, out);
+}
+
+}  // namespace
+
 Status make_real_transports(const std::vector<int>& host_of, int timeout_ms,
-                            std::vector<std::unique_ptr<transport::Transport>>* out) {
+                            std::vector<std::unique_ptr<transport::Transport>>* out, const std::string& near_kind,
+                            const std::string& far_kind) {
   static std::atomic<int> sequence{0};
   const int n = static_cast<int>(host_of.size());
   const std::string name = "shm-fabric-" + std::to_string(getpid()) + "-" + std::to_string(sequence++);
@@ -52,33 +66,39 @@ Status make_real_transports(const std::vector<int>& host_of, int timeout_ms,
       opt.comm_label = "test";
       opt.all_local = true;  // one network namespace: sockets over loopback
       opt.host_of = host_of;
-      transport::Options shm_opt = opt;
-      shm_opt.store = make_prefix_store(store, "shm");
-      transport::ShmConfig config;
-      config.comm_id = name;
-      config.create_domain = true;
-      std::shared_ptr<transport::shm::Domain> domain;
-      transport::ShmOutcome outcome;
       Status& st = status[static_cast<size_t>(r)];
-      st = transport::connect_shm(shm_opt, config, &domain, &outcome);
-      if (st.ok() && !outcome.usable) st = Unavailable("shared memory unusable: " + outcome.why_not);
-      if (!st.ok()) return;
       auto& t = (*out)[static_cast<size_t>(r)];
+      std::unique_ptr<transport::Transport> near;
+      if (near_kind == "shm") {
+        transport::Options shm_opt = opt;
+        shm_opt.store = make_prefix_store(store, "shm");
+        transport::ShmConfig config;
+        config.comm_id = name;
+        config.create_domain = true;
+        std::shared_ptr<transport::shm::Domain> domain;
+        transport::ShmOutcome outcome;
+        st = transport::connect_shm(shm_opt, config, &domain, &outcome);
+        if (st.ok() && !outcome.usable) st = Unavailable("shared memory unusable: " + outcome.why_not);
+        if (!st.ok()) return;
+        near = std::move(outcome.transport);
+      } else if (one || near_kind != far_kind) {
+        st = make_one(near_kind, opt, store, &near);
+        if (!st.ok()) return;
+      }
       if (one) {
-        t = std::move(outcome.transport);
+        t = std::move(near);
         return;
       }
-      opt.store = make_prefix_store(store, "socket");
       std::unique_ptr<transport::Transport> far;
-      st = transport::create_socket_transport(opt, &far);
+      st = make_one(far_kind, opt, store, &far);
       if (!st.ok()) return;
-      if (!outcome.transport) {
+      if (!near) {
         t = std::move(far);
         return;
       }
       std::vector<bool> local(static_cast<size_t>(n));
       for (int p = 0; p < n; ++p) local[static_cast<size_t>(p)] = host_of[static_cast<size_t>(p)] == host_of[static_cast<size_t>(r)];
-      t = transport::make_routed_transport(opt, std::move(outcome.transport), std::move(far), std::move(local));
+      t = transport::make_routed_transport(opt, std::move(near), std::move(far), std::move(local));
     });
   }
   for (auto& t : threads) t.join();

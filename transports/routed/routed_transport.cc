@@ -24,12 +24,14 @@ class RoutedTransport final : public Transport {
   RoutedTransport(Options options, std::unique_ptr<Transport> near, std::unique_ptr<Transport> far,
                   std::vector<bool> is_local)
       : Transport(std::move(options)), near_(std::move(near)), far_(std::move(far)), is_local_(std::move(is_local)) {
+    name_ = std::string(near_->name()) + "+" + far_->name();  // "shm+socket", "shm+ucx", "socket+ucx"
     pool_.resize(kPoolSize);
     for (uint32_t i = 0; i < kPoolSize; ++i) pool_[i].next = i + 1 < kPoolSize ? i + 1 : kNil;
     sub_ids_.reserve(64);
+    live_.reserve(64);
   }
 
-  const char* name() const override { return "shm+socket"; }
+  const char* name() const override { return name_.c_str(); }
   LocalAccess* local() override { return near_->local(); }
 
   Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {
@@ -51,6 +53,7 @@ class RoutedTransport final : public Transport {
     if (!e.completed) {
       Status st = side(e).test(e.sub_id, done);
       if (!st.ok()) return fail(st);
+      if (*done) e.completed = true;
     }
     if (*done) release(index);
     return Status::Ok();
@@ -110,6 +113,7 @@ class RoutedTransport final : public Transport {
     if (!st.ok()) return st.code() == COMM_ERR_INVALID_ARGUMENT ? st : fail(st);
     free_head_ = e.next;
     e.active = true;
+    live_.push_back(index);
     *id = (e.generation << kPoolBits) | index;
     return Status::Ok();
   }
@@ -126,10 +130,29 @@ class RoutedTransport final : public Transport {
     Entry& e = pool_[index];
     if (!e.active) return;
     e.active = false;
+    forget(index);
     e.generation = (e.generation + 1) & ((1u << (32 - kPoolBits)) - 1);
     if (e.generation == 0) e.generation = 1;
     e.next = free_head_;
     free_head_ = index;
+  }
+
+  void forget(uint32_t index) {
+    for (size_t k = 0; k < live_.size(); ++k)
+      if (live_[k] == index) {
+        live_[k] = live_.back();
+        live_.pop_back();
+        return;
+      }
+  }
+
+  // Requests on the other side than `near` that are still moving: a wait on one side alone
+  // would leave them unprogressed (UCX's rendezvous and shm's staging ring need the sender to
+  // progress), and a peer waiting on them could wait on us in turn.
+  bool other_side_live(bool near) const {
+    for (uint32_t index : live_)
+      if (pool_[index].is_near != near) return true;
+    return false;
   }
 
   // wait (all listed) and wait_some (any listed, or woken).
@@ -145,7 +168,8 @@ class RoutedTransport final : public Transport {
       near_count += pool_[index].is_near ? 1 : 0;
     }
     if (pending < n && any) return Status::Ok();  // one is finished already
-    if (pending > 0 && (near_count == 0 || near_count == pending)) {
+    const bool one_side = near_count == 0 || near_count == pending;
+    if (pending > 0 && one_side && !other_side_live(near_count > 0)) {
       Transport& t = near_count > 0 ? *near_ : *far_;
       sub_ids_.clear();
       for (size_t i = 0; i < n; ++i)
@@ -167,21 +191,26 @@ class RoutedTransport final : public Transport {
     auto nap = std::chrono::microseconds(0);
     for (;;) {
       bool all = true, some = false, moved = false;
-      for (size_t i = 0; i < n; ++i) {
-        Entry& e = pool_[ids[i] & (kPoolSize - 1)];
-        if (e.completed) {
-          some = true;
-          continue;
-        }
+      // Every request still moving, listed or not, on both sides.
+      for (size_t k = 0; k < live_.size();) {
+        Entry& e = pool_[live_[k]];
         bool d = false;
         Status st = side(e).test(e.sub_id, &d);  // a finished sub-request is released by test()
         if (!st.ok()) return fail(st);
-        if (d) {
-          e.completed = true;  // test()/release() of ours collects it
-          some = moved = true;
-        } else {
-          all = false;
+        if (!d) {
+          ++k;
+          continue;
         }
+        e.completed = true;  // test()/release() of ours collects it
+        moved = true;
+        live_[k] = live_.back();
+        live_.pop_back();
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if (pool_[ids[i] & (kPoolSize - 1)].completed)
+          some = true;
+        else
+          all = false;
       }
       if (all || (any && some)) return Status::Ok();
       if (any && woken_.exchange(false, std::memory_order_acq_rel)) return Status::Ok();
@@ -208,7 +237,7 @@ class RoutedTransport final : public Transport {
       const Entry& e = pool_[ids[i] & (kPoolSize - 1)];
       if (e.completed) continue;
       std::string one = "rank " + std::to_string(e.peer) + " (" + (e.is_send ? "send of " : "receive of ") +
-                        describe(e.tag) + (e.is_near ? ", shared memory" : ", socket") + ")";
+                        describe(e.tag) + ", " + side(e).name() + ")";
       if (parts.find(one) == std::string::npos) parts += (parts.empty() ? "" : "; ") + one;
     }
     return "no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
@@ -216,10 +245,12 @@ class RoutedTransport final : public Transport {
   }
 
   std::unique_ptr<Transport> near_, far_;
+  std::string name_;
   std::vector<bool> is_local_;
   std::vector<Entry> pool_;
   uint32_t free_head_ = 0;
   std::vector<RequestId> sub_ids_;
+  std::vector<uint32_t> live_;  // entries whose sub-request is still pending
   std::atomic<bool> aborted_{false};
   std::atomic<bool> woken_{false};
   Status failed_;

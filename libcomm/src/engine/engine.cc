@@ -49,6 +49,7 @@ Status Engine::create(comm_t comm, const Options& opt, std::unique_ptr<Engine>* 
   // Our own communicator: the trainer's collectives can never interleave differently with the
   // bucket all-reduces on different ranks.
   COMM_RETURN_IF_ERROR(from_call(comm_dup(comm, &e->comm_), ""));
+  e->parent_ = comm;
   e->rank_ = e->comm_->rank;
   e->size_ = e->comm_->size;
   e->trace_.open(opt.trace_file, e->rank_);
@@ -463,7 +464,15 @@ Status Engine::end() {
     }
   std::sort(last_unused_.begin(), last_unused_.end());
   const double t_wait = now_us();
-  cv_.wait(lock, [&] { return done_buckets_ == static_cast<int>(buckets_.size()) || !broken_.ok(); });
+  // Bounded: every bucket is ready now and each all-reduce ends within the timeout. A comm_abort
+  // on the trainer's communicator (the user cannot reach ours) ends the wait at once.
+  auto finished = [&] { return done_buckets_ == static_cast<int>(buckets_.size()) || !broken_.ok(); };
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(20), finished)) {
+    if (parent_->aborted.load(std::memory_order_acquire)) {
+      lock.unlock();
+      return fail(Aborted(where(fn) + "the communicator the engine was created on was aborted (comm_abort)"));
+    }
+  }
   const double t_done = now_us();
   if (!broken_.ok()) return broken_;
   // Numbers of this step, before a rebuild replaces the buckets.

@@ -86,7 +86,8 @@ class Engine {
   Status fail(Status st);                    // breaks the engine, tells the peers
   double now_us() const;
 
-  comm_t comm_ = nullptr;  // our own dup
+  comm_t comm_ = nullptr;    // our own dup
+  comm_t parent_ = nullptr;  // the trainer's: comm_abort on it ends our waits too (it outlives us)
   int rank_ = 0, size_ = 1;
   Options opt_;
   std::vector<ParamInfo> params_;

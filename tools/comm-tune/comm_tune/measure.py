@@ -55,6 +55,8 @@ class Runner:
                           "-f", str(a.factor), "-n", str(a.iters), "-w", str(a.warmup), "-c", "0", "--json", out_json]
         if a.transport != "auto":
             cmd += ["--transport", a.transport]
+        if a.nccl:
+            cmd += ["-G", "1"]  # device buffers and a stream: the NCCL path
         return cmd
 
     def job(self, setting, what, extra_env=None):

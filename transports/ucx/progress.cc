@@ -1,0 +1,399 @@
+// Moving messages: posting UCP tag operations from the preallocated pool, the completion
+// callbacks, waits that spin briefly and then block on the worker's event fd, the checks of
+// each arrived header, and failure reports in both directions.
+#include <poll.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "log.h"
+#include "transports/ucx/ucx_transport_impl.h"
+
+namespace comm::transport::ucx {
+namespace {
+
+std::string ucs(ucs_status_t s) { return ucs_status_string(s); }
+
+int ceil_ms(Clock::duration d) {
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  // At most 100 ms per block: UCX checks its peers (keepalive) from progress calls.
+  return static_cast<int>(std::clamp<int64_t>((us + 999) / 1000, 1, 100));
+}
+
+OpTag tag_of(const WireHeader& h) {
+  OpTag t;
+  t.seq = h.seq;
+  t.coll = static_cast<CollKind>(h.coll);
+  t.dtype = h.dtype;
+  t.op = h.op;
+  t.root = h.root;
+  t.count = h.count;
+  return t;
+}
+
+}  // namespace
+
+// ---- UCP callbacks (inside ucp_worker_progress, on the thread driving the transport) ---------
+
+void UcxTransport::on_send(void* request, ucs_status_t status, void* user_data) {
+  auto* p = static_cast<Part*>(user_data);
+  p->status = status;
+  p->pending = false;
+  p->ucp = nullptr;
+  ucp_request_free(request);
+  --p->owner->pool_[p->request].parts_left;
+  ++p->owner->completions_;
+}
+
+void UcxTransport::on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+  auto* p = static_cast<Part*>(user_data);
+  p->status = status;
+  p->length = status == UCS_OK && info != nullptr ? info->length : 0;
+  p->pending = false;
+  p->ucp = nullptr;
+  ucp_request_free(request);
+  --p->owner->pool_[p->request].parts_left;
+  ++p->owner->completions_;
+}
+
+void UcxTransport::on_error_report(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                                   void* user_data) {
+  auto* p = static_cast<Part*>(user_data);
+  p->status = status;
+  p->length = status == UCS_OK && info != nullptr ? info->length : 0;
+  p->pending = false;
+  p->ucp = nullptr;
+  ucp_request_free(request);
+  if (status == UCS_OK) p->owner->report_arrived_ = true;
+}
+
+void UcxTransport::on_peer_failure(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  if (peer->failed) return;
+  peer->failed = true;
+  peer->reason = ucs(status);
+  COMM_INFO(kNet, "%s: UCX reports the endpoint to rank %d broken (%s)", peer->owner->me().c_str(), peer->rank,
+            peer->reason.c_str());
+}
+
+// ---- requests --------------------------------------------------------------------------------
+
+Status UcxTransport::usable() {
+  if (aborted_.load(std::memory_order_acquire) && failed_.code() != COMM_ERR_ABORTED)
+    failed_ = Aborted(me() + ": the transport was aborted (comm_abort); make a new communicator");
+  return failed_;
+}
+
+Status UcxTransport::lookup(RequestId id, uint32_t* index) const {
+  uint32_t i = id & (kPoolSize - 1);
+  const Request& r = pool_[i];
+  if (!r.active || r.generation != (id >> kPoolBits))
+    return InvalidArgument("UCX transport: request id " + std::to_string(id) + " is unknown or already completed");
+  *index = i;
+  return Status::Ok();
+}
+
+void UcxTransport::release(uint32_t index) {
+  Request& r = pool_[index];
+  if (!r.active) return;  // the same id listed twice in one wait
+  r.active = false;
+  r.generation = (r.generation + 1) & kGenerationMask;
+  if (r.generation == 0) r.generation = 1;
+  r.next_free = free_head_;
+  free_head_ = index;
+}
+
+Status UcxTransport::start(Part& part, bool is_send, ucp_ep_h ep, void* buf, size_t bytes, uint64_t tag) {
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.user_data = &part;
+  part.pending = true;
+  part.status = UCS_OK;
+  part.length = 0;
+  part.ucp = nullptr;
+  void* req;
+  if (is_send) {
+    rp.cb.send = &UcxTransport::on_send;
+    req = ucp_tag_send_nbx(ep, buf, bytes, tag, &rp);
+  } else {
+    // Receives always complete through the callback, which records the arrived length.
+    rp.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    rp.cb.recv = &UcxTransport::on_recv;
+    req = ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp);
+  }
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) {  // done at once (small sends), or failed at once
+    part.pending = false;
+    part.status = req == nullptr ? UCS_OK : UCS_PTR_STATUS(req);
+    part.length = bytes;
+    --pool_[part.request].parts_left;
+    ++completions_;
+    return Status::Ok();
+  }
+  part.ucp = req;
+  return Status::Ok();
+}
+
+Status UcxTransport::post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (id == nullptr) return InvalidArgument("UCX transport: null request id pointer");
+  if (peer < 0 || peer >= size() || peer == rank())
+    return InvalidArgument("UCX transport: peer " + std::to_string(peer) + " is not another rank (size " +
+                           std::to_string(size()) + ", this rank " + std::to_string(rank()) + ")");
+  if (buf == nullptr && bytes > 0)
+    return InvalidArgument("UCX transport: null buffer for " + std::to_string(bytes) + " bytes");
+  if (free_head_ == kNil)
+    return Internal("UCX transport: all " + std::to_string(kPoolSize) +
+                    " request slots are in use; every isend/irecv must be completed by wait() or test() "
+                    "(are requests leaking?)");
+  const uint32_t index = free_head_;
+  Request& r = pool_[index];
+  free_head_ = r.next_free;
+  r.active = true;
+  r.is_send = is_send;
+  r.peer = peer;
+  r.tag = tag;
+  r.buf = buf;
+  r.bytes = bytes;
+  r.parts_left = bytes > 0 ? 2 : 1;  // an empty message is its header alone
+  *id = (r.generation << kPoolBits) | index;
+
+  Peer& p = peers_[static_cast<size_t>(peer)];
+  const uint64_t number = is_send ? p.sent++ : p.received++;
+  const uint64_t wire_tag = data_tag(is_send ? rank() : peer, number);
+  if (is_send) {
+    WireHeader& h = r.header;
+    h = WireHeader{};
+    h.key = key_;
+    h.seq = tag.seq;
+    h.count = tag.count;
+    h.bytes = bytes;
+    h.root = tag.root;
+    h.source = rank();
+    h.coll = static_cast<uint8_t>(tag.coll);
+    h.dtype = tag.dtype;
+    h.op = tag.op;
+  }
+  COMM_RETURN_IF_ERROR(start(r.parts[0], is_send, p.ep, &r.header, sizeof r.header, wire_tag | kHeaderBit));
+  if (bytes > 0) COMM_RETURN_IF_ERROR(start(r.parts[1], is_send, p.ep, buf, bytes, wire_tag));
+  return Status::Ok();
+}
+
+// ---- checks ----------------------------------------------------------------------------------
+
+// The header that arrived for a receive, against the call posted here. Everything in it came
+// from the wire: checked before it is believed.
+static Status check_header(const Request& r, uint64_t key, int me_rank) {
+  const Part& hp = r.parts[0];
+  const std::string them = "rank " + std::to_string(r.peer);
+  if (hp.length != sizeof(WireHeader))
+    return RemoteError(them + " sent a malformed UCX header (" + std::to_string(hp.length) + " bytes) for " +
+                       describe(r.tag) + "; is it running the same libcomm version?");
+  const WireHeader& h = r.header;
+  if (h.magic != kMagic || h.key != key)
+    return RemoteError("a message from " + them + " for " + describe(r.tag) +
+                       " does not carry this job's key (another job, or a stray sender?); refused");
+  const OpTag got = tag_of(h);
+  const std::string us = "rank " + std::to_string(me_rank) + " (this rank)";
+  if (!(got == r.tag)) return InvalidUsage(them + " called " + describe(got) + " but " + us + " called " + describe(r.tag));
+  if (h.bytes != r.bytes)
+    return InvalidUsage(them + " sent " + std::to_string(h.bytes) + " bytes for " + describe(got) + " but " + us +
+                        " expects " + std::to_string(r.bytes) + " bytes for it");
+  return Status::Ok();
+}
+
+Status UcxTransport::check(Request& r) {
+  const std::string them = "rank " + std::to_string(r.peer);
+  const int nparts = r.bytes > 0 ? 2 : 1;
+  if (!r.is_send && r.parts[0].status == UCS_OK) COMM_RETURN_IF_ERROR(check_header(r, key_, rank()));
+  for (int k = 0; k < nparts; ++k) {
+    const Part& p = r.parts[k];
+    if (p.status == UCS_OK) continue;
+    if (p.status == UCS_ERR_MESSAGE_TRUNCATED)
+      return InvalidUsage(them + " sent more than the " + std::to_string(k == 0 ? sizeof(WireHeader) : r.bytes) +
+                          " bytes rank " + std::to_string(rank()) + " (this rank) expects for " + describe(r.tag));
+    if (p.status == UCS_ERR_CANCELED) return usable().ok() ? Aborted(me() + ": UCX request cancelled") : usable();
+    const Peer& peer = peers_[static_cast<size_t>(r.peer)];
+    return RemoteError(them + (peer.failed ? " failed (UCX: " + peer.reason + ")" : " is unreachable") + " during " +
+                       describe(r.tag) + ": UCX " + (r.is_send ? "send" : "receive") + " failed with '" +
+                       ucs(p.status) + "' (did it exit or crash?)");
+  }
+  if (!r.is_send && r.bytes > 0 && r.parts[1].length != r.bytes)
+    return InvalidUsage(them + " sent " + std::to_string(r.parts[1].length) + " bytes for " + describe(r.tag) +
+                        " but rank " + std::to_string(rank()) + " (this rank) expects " + std::to_string(r.bytes));
+  return Status::Ok();
+}
+
+Status UcxTransport::check_pending(Request& r) {
+  // A receive whose header is in: a disagreement shows now, not after the timeout.
+  if (!r.is_send && !r.parts[0].pending && r.parts[0].status == UCS_OK)
+    COMM_RETURN_IF_ERROR(check_header(r, key_, rank()));
+  Peer& peer = peers_[static_cast<size_t>(r.peer)];
+  if (!peer.failed) return Status::Ok();
+  // What the peer sent before it went may still be in UCX's queues: drain them first.
+  for (int i = 0; i < 64 && r.parts_left > 0; ++i)
+    if (ucp_worker_progress(worker_) == 0) break;
+  if (r.parts_left == 0) return Status::Ok();
+  return RemoteError("rank " + std::to_string(r.peer) + " failed (UCX: " + peer.reason + ") during " +
+                     describe(r.tag) + " (did it exit or crash?)");
+}
+
+void UcxTransport::check_pids() {
+  for (Peer& p : peers_) {
+    if (!p.watch_pid || p.failed) continue;
+    if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+      p.failed = true;
+      p.reason = "its process " + std::to_string(p.pid) + " is gone";
+    }
+  }
+}
+
+// ---- waits -----------------------------------------------------------------------------------
+
+Status UcxTransport::block(int timeout_ms) {
+  if (worker_fd_ < 0) {
+    timespec ts{0, 50 * 1000};
+    nanosleep(&ts, nullptr);
+    return Status::Ok();
+  }
+  ucs_status_t s = ucp_worker_arm(worker_);
+  if (s == UCS_ERR_BUSY) return Status::Ok();  // events arrived meanwhile: progress again
+  if (s != UCS_OK) return Internal(me() + ": UCX transport: ucp_worker_arm failed: " + ucs(s));
+  pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  int rc = ::poll(fds, 2, timeout_ms);
+  if (rc < 0 && errno != EINTR) return SystemError(me() + ": poll() failed: " + errno_string(errno));
+  if (rc > 0 && (fds[1].revents & POLLIN)) {
+    // Drain the signal so the next poll blocks again (abort is also kept in aborted_).
+    uint64_t count = 0;
+    ssize_t ignored = ::read(wake_fd_, &count, sizeof count);
+    (void)ignored;
+  }
+  return Status::Ok();
+}
+
+Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (n > 0 && ids == nullptr) return InvalidArgument("UCX transport: null request id list");
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t index;
+    COMM_RETURN_IF_ERROR(lookup(ids[i], &index));
+  }
+  const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
+  Clock::time_point last_move = Clock::now();
+  Clock::time_point spin_until = last_move + kSpin;
+  for (;;) {
+    bool all_done = true, some_done = false;
+    for (size_t i = 0; i < n; ++i) {
+      Request& r = pool_[ids[i] & (kPoolSize - 1)];
+      Status st = r.parts_left == 0 ? check(r) : check_pending(r);
+      if (!st.ok()) return fail(st);
+      if (r.parts_left == 0) {
+        some_done = true;
+      } else {
+        all_done = false;
+      }
+    }
+    if (all_done && !any) break;
+    if (any && (some_done || n == 0 || woken_.exchange(false, std::memory_order_acq_rel))) return Status::Ok();
+    if (report_arrived_) return fail(peer_report());
+    if (aborted_.load(std::memory_order_acquire)) return usable();
+    const Clock::time_point now = Clock::now();
+    if (now - last_move >= timeout) return fail(Timeout(timeout_message(ids, n)));
+    const uint64_t before = completions_;
+    const unsigned events = ucp_worker_progress(worker_);
+    if (completions_ != before) {
+      last_move = Clock::now();
+      spin_until = last_move + kSpin;
+      continue;
+    }
+    if (events > 0 || now < spin_until) continue;
+    if (now >= next_pid_check_) {  // only while blocked, and a few times a second
+      check_pids();
+      next_pid_check_ = now + std::chrono::milliseconds(100);
+    }
+    COMM_RETURN_IF_ERROR(block(ceil_ms(timeout - (now - last_move))));
+  }
+  for (size_t i = 0; i < n; ++i) release(ids[i] & (kPoolSize - 1));
+  return Status::Ok();
+}
+
+Status UcxTransport::test(RequestId id, bool* done) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (done == nullptr) return InvalidArgument("UCX transport: null done pointer");
+  uint32_t index;
+  COMM_RETURN_IF_ERROR(lookup(id, &index));
+  Request& r = pool_[index];
+  if (r.parts_left > 0) ucp_worker_progress(worker_);
+  Status st = r.parts_left == 0 ? check(r) : check_pending(r);
+  if (!st.ok()) return fail(st);
+  if (r.parts_left > 0 && report_arrived_) return fail(peer_report());
+  *done = r.parts_left == 0;
+  if (*done) release(index);
+  return Status::Ok();
+}
+
+std::string UcxTransport::timeout_message(const RequestId* ids, size_t n) {
+  std::string text = "no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
+                     std::to_string(rank()) + " waited on ";
+  std::string parts;
+  for (size_t i = 0; i < n; ++i) {
+    const Request& r = pool_[ids[i] & (kPoolSize - 1)];
+    if (r.parts_left == 0) continue;
+    std::string one = "rank " + std::to_string(r.peer) + " (" + (r.is_send ? "send of " : "receive of ") +
+                      describe(r.tag) + ", " + std::to_string(r.bytes) + " bytes, UCX)";
+    if (parts.find(one) != std::string::npos) continue;
+    parts += (parts.empty() ? "" : "; ") + one;
+  }
+  return text + parts + "; is that rank still running, and calling the same operation?";
+}
+
+// ---- failure propagation ---------------------------------------------------------------------
+
+Status UcxTransport::peer_report() {
+  const WireHeader& h = report_.header;
+  if (report_part_.length < sizeof(WireHeader) || h.magic != kMagic || h.key != key_)
+    return RemoteError(me() + ": a failure report without this job's key arrived (another job, or a stray "
+                       "sender?); this transport stops");
+  size_t len = std::min<size_t>({static_cast<size_t>(h.bytes), kMaxErrorText, report_part_.length - sizeof(WireHeader)});
+  std::string text(report_.text, len);
+  for (auto& ch : text)
+    if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f) ch = '?';
+  // INVALID_USAGE stays INVALID_USAGE: every rank then reports the disagreement itself.
+  comm_status_t code = h.status == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
+  return Status(code, "rank " + std::to_string(h.source) + " reported: " + text);
+}
+
+void UcxTransport::notify_peers(const Status& failure) {
+  Status reason = failure.ok() ? Internal(me() + ": notify_peers called without a failure") : failure;
+  const std::string text = reason.message().substr(0, kMaxErrorText);
+  outgoing_.header = WireHeader{};
+  outgoing_.header.key = key_;
+  outgoing_.header.status = static_cast<uint32_t>(reason.code());
+  outgoing_.header.bytes = text.size();
+  outgoing_.header.source = rank();
+  memcpy(outgoing_.text, text.data(), text.size());
+  const size_t total = sizeof(WireHeader) + text.size();
+  std::vector<void*> sends;
+  int told = 0;
+  for (Peer& p : peers_) {
+    if (p.ep == nullptr || p.failed) continue;
+    ucp_request_param_t rp{};
+    void* req = ucp_tag_send_nbx(p.ep, &outgoing_, total, kErrorBit | (static_cast<uint64_t>(rank()) << kRankShift), &rp);
+    if (UCS_PTR_IS_ERR(req)) continue;
+    ++told;
+    if (req != nullptr) sends.push_back(req);
+  }
+  // Best effort, bounded: a peer that does not progress does not hold this rank.
+  const Deadline deadline(Clock::now() + kNotifyBudget);
+  for (void* req : sends) {
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucp_worker_progress(worker_);
+    ucp_request_free(req);  // UCX releases one still in flight once it completes
+  }
+  COMM_INFO(kNet, "%s: told %d peer(s) over UCX that it failed: %s", me().c_str(), told, text.c_str());
+  (void)fail(reason);
+}
+
+}  // namespace comm::transport::ucx
