@@ -107,6 +107,9 @@ TEST_CASE("an unknown knob or a value out of range is refused, naming the entry"
   CHECK(error_of(profile_with(R"({"collective": "allreduce", "ranks": 2, "transport": "nccl",
                                   "settings": {"algo": "ring"}})")).find("transport 'nccl' is unknown") !=
         std::string::npos);
+  Profile ucx;
+  CHECK(parse_profile("p.json", profile_with(R"({"collective": "allreduce", "ranks": 2, "transport": "shm+ucx",
+                                                 "settings": {"algo": "ring"}})"), &ucx).ok());
   CHECK(error_of(profile_with(R"({"collective": "allreduce", "ranks": 2, "transport": "shm", "setting": {}})"))
             .find("unknown field 'setting'") != std::string::npos);
   CHECK(error_of(profile_with(R"({"collective": "allreduce", "ranks": 2, "transport": "shm",

@@ -67,8 +67,10 @@ class EntryParser {
     COMM_RETURN_IF_ERROR(int_field("ranks", 1, 1 << 24, true, &ranks));
     e_.ranks = static_cast<int>(ranks);
     COMM_RETURN_IF_ERROR(string_field("transport", &e_.transport));
-    if (e_.transport != "shm" && e_.transport != "socket" && e_.transport != "shm+socket")
-      return fail("transport '" + e_.transport + "' is unknown; use shm, socket or shm+socket");
+    // The names comm.cc's profile_transport() gives a communicator.
+    if (e_.transport != "shm" && e_.transport != "socket" && e_.transport != "shm+socket" && e_.transport != "ucx" &&
+        e_.transport != "shm+ucx" && e_.transport != "socket+ucx")
+      return fail("transport '" + e_.transport + "' is unknown; use shm, socket, ucx, shm+socket, shm+ucx or socket+ucx");
     int64_t lo = 0, hi = INT64_MAX;
     COMM_RETURN_IF_ERROR(int_field("min_bytes", 0, INT64_MAX, false, &lo));
     COMM_RETURN_IF_ERROR(int_field("max_bytes", 0, INT64_MAX, false, &hi));

@@ -48,7 +48,7 @@ struct Entry {
   std::string collective;               // allreduce ... alltoall, or "*" (communicator knobs)
   CollKind kind = CollKind::kInternal;  // kInternal for "*"
   int ranks = 0;
-  std::string transport;                // shm, socket, shm+socket
+  std::string transport;                // shm, socket, ucx, shm+socket, shm+ucx, socket+ucx
   uint64_t min_bytes = 0, max_bytes = UINT64_MAX;  // inclusive, comm-bench's "size" of a call
   Settings settings;
   double gain = 0;                      // measured busbw / default busbw (informational)
