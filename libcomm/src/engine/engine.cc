@@ -75,18 +75,23 @@ std::string Engine::where(const char* fn) const {
   return "rank " + std::to_string(rank_) + ", " + fn + " (step " + std::to_string(steps_ + 1) + "): ";
 }
 
-Status Engine::fail(Status st) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_.ok()) return broken_;
-    broken_ = st;
-  }
+Status Engine::fail(Status st, bool interrupt) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  broken_ = st;  // from now on the comm thread picks up no bucket
   cv_.notify_all();
   COMM_WARN(kColl, "%s", st.message().c_str());
+  lock.unlock();
+  if (interrupt) (void)comm_abort(comm_);  // any thread: ends the bucket in flight now
+  lock.lock();
+  // Only the thread that uses a communicator may tell its peers: wait until the comm thread's
+  // bucket in flight ends (bounded by the timeout, or at once after the abort above).
+  if (std::this_thread::get_id() != thread_.get_id()) cv_.wait(lock, [&] { return !running_; });
+  lock.unlock();
   // Peers may be inside (or about to start) a bucket's all-reduce with us: tell them, then abort
   // our communicator, so every rank ends with an error within its timeout instead of hanging.
   {
-    std::lock_guard<std::mutex> lock(comm_->state_mu);
+    std::lock_guard<std::mutex> state(comm_->state_mu);
     if (comm_->broken.ok()) comm_->broken = st;
   }
   if (comm_->transport) comm_->transport->notify_peers(st);
@@ -372,14 +377,20 @@ void Engine::comm_loop() {
     // Buckets in index order, whatever order they became ready in: the same on every rank.
     const int b = next_bucket_++;
     buckets_[static_cast<size_t>(b)].start_us = now_us();
+    running_ = true;
     lock.unlock();
     Status st = run_bucket(b);
     const double t = now_us();
-    if (!st.ok()) (void)fail(st);
     lock.lock();
+    running_ = false;
     buckets_[static_cast<size_t>(b)].done_us = t;
     ++done_buckets_;
     cv_.notify_all();
+    if (!st.ok()) {
+      lock.unlock();
+      (void)fail(st);
+      lock.lock();
+    }
   }
 }
 
@@ -470,7 +481,7 @@ Status Engine::end() {
   while (!cv_.wait_for(lock, std::chrono::milliseconds(20), finished)) {
     if (parent_->aborted.load(std::memory_order_acquire)) {
       lock.unlock();
-      return fail(Aborted(where(fn) + "the communicator the engine was created on was aborted (comm_abort)"));
+      return fail(Aborted(where(fn) + "the communicator the engine was created on was aborted (comm_abort)"), true);
     }
   }
   const double t_done = now_us();
@@ -551,7 +562,7 @@ Status Engine::destroy() {
     mid_step = in_step_ && sync_ && broken_.ok();
   }
   // Peers waiting on our next buckets would otherwise hang until their timeout.
-  if (mid_step) (void)fail(InvalidUsage(where("comm_engine_destroy") + "destroyed in the middle of a synced step"));
+  if (mid_step) (void)fail(InvalidUsage(where("comm_engine_destroy") + "destroyed in the middle of a synced step"), true);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

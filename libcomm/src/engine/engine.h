@@ -83,7 +83,8 @@ class Engine {
   void zero_slot(int p);
   Status run_bucket(int b);                  // the issue path: all-reduce + copy back
   void comm_loop();
-  Status fail(Status st);                    // breaks the engine, tells the peers
+  // Breaks the engine and tells the peers; interrupt: abort the bucket in flight first.
+  Status fail(Status st, bool interrupt = false);
   double now_us() const;
 
   comm_t comm_ = nullptr;    // our own dup
@@ -108,6 +109,7 @@ class Engine {
   int done_buckets_ = 0;
   Status broken_;
   bool stop_ = false;
+  bool running_ = false;  // the comm thread is inside a bucket's all-reduce (uses comm_)
   std::thread thread_;
   uint64_t steps_ = 0, synced_steps_ = 0;
   std::chrono::steady_clock::time_point epoch_;
