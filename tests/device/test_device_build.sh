@@ -25,10 +25,10 @@ if [ -e /dev/nvidiactl ]; then
 else
   out=$(COMM_TIMEOUT_MS=20000 COMM_TRANSPORT=nccl timeout 60 "$run" -n 2 --bind none -- "$bench" -b 8 -e 8 -n 1 -w 0 2>&1)
   check "COMM_TRANSPORT=nccl, no GPU: comm_init fails with COMM_ERR_UNAVAILABLE and why" \
-    'printf "%s" "$out" | grep -q "COMM_ERR_UNAVAILABLE" && printf "%s" "$out" | grep -Eq "no CUDA device|driver too old|library not found"'
+    'printf "%s" "$out" | grep -q "COMM_ERR_UNAVAILABLE" && printf "%s" "$out" | grep -Eq "no CUDA device|driver too old|library not found|built without the CUDA/NCCL headers"'
   out=$(COMM_TIMEOUT_MS=20000 COMM_NCCL_LIBRARY=/nonexistent/libnccl.so.2 timeout 60 "$run" -n 2 --bind none -- "$bench" --transport nccl -b 8 -e 8 -n 1 -w 0 2>&1)
   check "--transport nccl without libnccl: COMM_ERR_UNAVAILABLE, NCCL library not found" \
-    'printf "%s" "$out" | grep -q "COMM_ERR_UNAVAILABLE" && printf "%s" "$out" | grep -q "NCCL library not found"'
+    'printf "%s" "$out" | grep -q "COMM_ERR_UNAVAILABLE" && printf "%s" "$out" | grep -Eq "NCCL library not found|built without the CUDA/NCCL headers"'
   out=$(COMM_TIMEOUT_MS=20000 timeout 60 "$run" -n 2 --bind none -- "$bench" -b 8 -e 8 -n 1 -w 0 -c 1 2>&1)
   check "auto falls back to the host transports (comm-bench runs and checks)" \
     'printf "%s" "$out" | grep -Eq "^\[0\] +8 +2 +float"'
