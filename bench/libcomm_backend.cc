@@ -103,7 +103,8 @@ class LibcommBackend final : public Backend {
     return batching_ ? queue(comm_ialltoall(comm_, s, r, n, dt, next())) : ok(comm_alltoall(comm_, s, r, n, dt, nullptr));
   }
   bool sendrecv(const void* s, void* r, size_t n, comm_dtype_t dt, int to, int from) override {
-    if (batching_) return queue(comm_isend(comm_, s, n, dt, to, next())) && queue(comm_irecv(comm_, r, n, dt, from, next()));
+    if (batching_ && !stream_)
+      return queue(comm_isend(comm_, s, n, dt, to, next())) && queue(comm_irecv(comm_, r, n, dt, from, next()));
     // One group, so that the ring of sends and receives cannot deadlock (NCCL's semantics).
     if (!ok(comm_group_start())) return false;
     const bool sent = ok(comm_send(comm_, s, n, dt, to, stream_));

@@ -57,6 +57,8 @@ Status group_end() {
       if (!st.ok() && first.ok()) first = st;
     }
   }
+  Status copied = device::group_finish(first.ok());  // staged device receives back to the device
+  if (first.ok()) first = copied;
   return first;
 }
 

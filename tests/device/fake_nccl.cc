@@ -67,8 +67,9 @@ FAKE ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 FAKE ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
-  if (config == nullptr || config->blocking != 0) return ncclInvalidUsage;  // libcomm asks for nonblocking
   auto* c = new Comm;
+  const bool blocking = config == nullptr || config->blocking != 0;  // libcomm asks for nonblocking
+  if (blocking) c->init_polls = 0;
   c->rank = rank;
   c->nranks = nranks;
   {
@@ -82,7 +83,7 @@ FAKE ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUnique
     c->group = g;
   }
   *out = reinterpret_cast<ncclComm_t>(c);
-  return ncclInProgress;
+  return blocking ? ncclSuccess : ncclInProgress;
 }
 FAKE ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
   auto* c = reinterpret_cast<Comm*>(comm);

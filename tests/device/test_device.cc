@@ -181,6 +181,14 @@ std::string run_staged_collectives(int n, const char* transport) {
                       : comm_send(c, send, count, COMM_FLOAT32, next, kStream);
     check("send/recv", sr, count, [&](size_t i) { return static_cast<float>(prev + 1) * static_cast<float>(i % 7); });
     }
+    // Inside a group (comm-bench's sendrecv): a ring, each rank sending to the next, one rank to itself.
+    for (size_t i = 0; i < count; ++i) recv[i] = -1;
+    comm_status_t g = comm_group_start();
+    if (g == COMM_OK) g = comm_send(c, send, count, COMM_FLOAT32, next, kStream);
+    if (g == COMM_OK) g = comm_recv(c, recv, count, COMM_FLOAT32, prev, kStream);
+    const comm_status_t ended = comm_group_end();
+    check("send/recv in a group", g == COMM_OK ? ended : g, count,
+          [&](size_t i) { return static_cast<float>(prev + 1) * static_cast<float>(i % 7); });
     if (comm_barrier(c, kStream) != COMM_OK) failures.add("barrier: " + last_error(c));
     // Host memory with a stream is a local mistake: INVALID_ARGUMENT, and the communicator goes on.
     std::vector<float> host(count);

@@ -1,18 +1,19 @@
 #!/bin/bash
 # The build used the CUDA/NCCL headers when they are there, libcomm.so links no CUDA library,
 # and real processes asking for NCCL here fail with COMM_ERR_UNAVAILABLE saying why.
-# usage: test_device_build.sh BUILD_ROOT CUDA_INCLUDE_DIR
+# usage: test_device_build.sh BUILD_ROOT CUDA_INCLUDE_DIR HEADERS_FOUND(true|false: what meson decided)
 set -u
-build=$1 cuda_include=$2
+build=$1 cuda_include=$2 found=$3
 fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAILED: $1"; fail=1; fi; }
 
 json=$("$build/tools/comm-topo/comm-topo" --json)
 built=$(printf '%s' "$json" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["device"]["built_with_headers"])')
-if [ -f "$cuda_include/cuda_runtime_api.h" ] && [ -f "$cuda_include/nccl.h" ]; then
-  check "headers in $cuda_include: built with them (comm-topo --json device.built_with_headers)" '[ "$built" = True ]'
+if [ "$found" = true ]; then
+  check "headers in $cuda_include: built with them (comm-topo --json device.built_with_headers)" \
+    '[ "$built" = True ] && [ -f "$cuda_include/cuda_runtime_api.h" ] && [ -f "$cuda_include/nccl.h" ]'
 else
-  check "no headers in $cuda_include: built without them" '[ "$built" = False ]'
+  check "built without the headers (-Dcuda=disabled, or none in $cuda_include): comm-topo says so" '[ "$built" = False ]'
 fi
 needed=$(readelf -d "$build/libcomm.so" | grep NEEDED)
 check "libcomm.so links no CUDA or NCCL library (dlopen only): $(echo $needed | tr -s ' ')" \
@@ -24,10 +25,10 @@ if [ -e /dev/nvidiactl ]; then
 else
   out=$(COMM_TIMEOUT_MS=20000 COMM_TRANSPORT=nccl timeout 60 "$run" -n 2 --bind none -- "$bench" -b 8 -e 8 -n 1 -w 0 2>&1)
   check "COMM_TRANSPORT=nccl, no GPU: comm_init fails with COMM_ERR_UNAVAILABLE and why" \
-    'printf "%s" "$out" | grep -q "COMM_ERR_UNAVAILABLE" && printf "%s" "$out" | grep -Eq "no CUDA device|driver too old|library not found"'
+    'printf "%s" "$out" | grep -q "COMM_ERR_UNAVAILABLE" && printf "%s" "$out" | grep -Eq "no CUDA device|driver too old|library not found|built without the CUDA/NCCL headers"'
   out=$(COMM_TIMEOUT_MS=20000 COMM_NCCL_LIBRARY=/nonexistent/libnccl.so.2 timeout 60 "$run" -n 2 --bind none -- "$bench" --transport nccl -b 8 -e 8 -n 1 -w 0 2>&1)
   check "--transport nccl without libnccl: COMM_ERR_UNAVAILABLE, NCCL library not found" \
-    'printf "%s" "$out" | grep -q "COMM_ERR_UNAVAILABLE" && printf "%s" "$out" | grep -q "NCCL library not found"'
+    'printf "%s" "$out" | grep -q "COMM_ERR_UNAVAILABLE" && printf "%s" "$out" | grep -Eq "NCCL library not found|built without the CUDA/NCCL headers"'
   out=$(COMM_TIMEOUT_MS=20000 timeout 60 "$run" -n 2 --bind none -- "$bench" -b 8 -e 8 -n 1 -w 0 -c 1 2>&1)
   check "auto falls back to the host transports (comm-bench runs and checks)" \
     'printf "%s" "$out" | grep -Eq "^\[0\] +8 +2 +float"'

@@ -39,6 +39,9 @@ Status init_forced(comm_t c);
 Status issue(comm_t c, const algo::CollArgs& args, comm_stream_t stream, bool grouped);
 // The outermost comm_group_end on this thread: closes the NCCL group device calls opened.
 Status group_end();
+// After the group's host calls ran (ok: they all succeeded): staged receives copy their data
+// back to the device.
+Status group_finish(bool ok);
 // comm_mem_alloc/free on a communicator whose device path is NCCL (COMM_TRANSPORT=nccl):
 // NCCL-registered device memory. Returns false when the call is not the device path's.
 bool mem_alloc(comm_t c, size_t bytes, void** ptr, Status* st);

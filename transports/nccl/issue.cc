@@ -52,6 +52,11 @@ State::~State() {
     if (staging) (void)cuda->cudaFreeHost(staging);
     for (cudaEvent_t ev : {staging_free, staged_in, probe_event})
       if (ev) (void)cuda->cudaEventDestroy(ev);
+    for (GroupSlot& slot : group_slots) {
+      if (slot.pending) (void)wait_event(slot.free, "a group's copy out of its staging buffer");
+      if (slot.host) (void)cuda->cudaFreeHost(slot.host);
+      if (slot.free) (void)cuda->cudaEventDestroy(slot.free);
+    }
   }
 }
 
@@ -131,9 +136,12 @@ Status issue(comm_t c, const algo::CollArgs& a, comm_stream_t raw_stream, bool g
   // A barrier on a stream: the stream's earlier work, then the host barrier (NCCL has none).
   if (a.kind == transport::CollKind::kBarrier && !grouped) return s.run_staged(a, stream);
   if (s.path == State::Path::kStaged || a.kind == transport::CollKind::kBarrier) {
+    if (grouped && a.kind == transport::CollKind::kSendRecv && s.path == State::Path::kStaged)
+      return s.run_staged_grouped(a, stream);
     if (grouped)
-      return Unavailable(s.where() + "device buffers inside comm_group_start/comm_group_end need NCCL, and this "
-                                     "communicator stages them through host memory (" + s.why + ")");
+      return Unavailable(s.where() + "device-buffer collectives and barriers inside comm_group_start/comm_group_end "
+                                     "need NCCL, and this communicator stages them through host memory (" + s.why +
+                                     "); only send/recv are staged inside a group");
     return s.run_staged(a, stream);
   }
   if (grouped && t_group.nccl == nullptr) {

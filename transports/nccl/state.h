@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "communicator.h"
 #include "deadline.h"
@@ -64,6 +65,18 @@ class State {
   cudaEvent_t staging_free = nullptr;  // the last copy out of the staging buffer has finished
   cudaEvent_t staged_in = nullptr;     // the copy into the staging buffer has finished
   bool staging_pending = false;
+  // Send/recv inside a group: each call of the group holds its own pinned buffer until the
+  // group ends (slot i for the i-th call), reused by later groups.
+  struct GroupSlot {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t free = nullptr;  // the copy out of it has finished
+    bool pending = false;
+  };
+  std::vector<GroupSlot> group_slots;
+  size_t group_used = 0;  // slots taken by the group being built on this communicator
+  Status run_staged_grouped(const algo::CollArgs& a, cudaStream_t stream);
+  Status pinned(void** p, size_t* have, size_t need);  // grows a pinned buffer to a power of two
 
   // Polls an event until it completes: bounded by the communicator's timeout, ended by comm_abort.
   Status wait_event(cudaEvent_t ev, const char* what);
