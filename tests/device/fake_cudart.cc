@@ -1,11 +1,15 @@
 // A CUDA runtime without a GPU, for the no-GPU tests of the staged path: "device" memory is
 // host memory this library hands out and recognises, copies are memcpy, streams and events are
 // always complete. Loaded through COMM_CUDA_LIBRARY exactly as libcudart.so.13 would be.
+// Stream order is recorded for the engine's tests: each event remembers the stream it was last
+// recorded on, and fake_cuda_waits(waiter, on) counts cudaStreamWaitEvent calls that made stream
+// `waiter` wait for an event last recorded on another stream `on` (NULL: any stream).
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -20,6 +24,8 @@ struct Block {
 std::vector<Block> device_blocks;
 thread_local int current_device = 0;  // cudaSetDevice per thread, as the runtime does
 int hang = 0;                         // fake_cuda_hang(1): events never complete
+std::map<const void*, const void*> recorded_on;                 // event -> stream
+std::vector<std::pair<const void*, const void*>> stream_waits;  // (waiter, the event's stream)
 
 int device_of(const void* p) {
   std::lock_guard<std::mutex> lock(mu);
@@ -69,11 +75,35 @@ FAKE cudaError_t cudaFree(void* p) {
 FAKE cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { std::memmove(d, s, n); return cudaSuccess; }
 FAKE cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) { std::memmove(d, s, n); return cudaSuccess; }
 FAKE cudaError_t cudaMemset(void* d, int v, size_t n) { std::memset(d, v, n); return cudaSuccess; }
+FAKE cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { std::memset(d, v, n); return cudaSuccess; }
 FAKE cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { *e = reinterpret_cast<cudaEvent_t>(std::malloc(8)); return cudaSuccess; }
-FAKE cudaError_t cudaEventDestroy(cudaEvent_t e) { std::free(e); return cudaSuccess; }
-FAKE cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+FAKE cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    recorded_on.erase(e);
+  }
+  std::free(e);
+  return cudaSuccess;
+}
+FAKE cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(mu);
+  recorded_on[e] = s;
+  return cudaSuccess;
+}
 FAKE cudaError_t cudaEventQuery(cudaEvent_t) { return hang ? cudaErrorNotReady : cudaSuccess; }
-FAKE cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+FAKE cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = recorded_on.find(e);
+  stream_waits.emplace_back(s, it == recorded_on.end() ? nullptr : it->second);
+  return cudaSuccess;
+}
+FAKE int fake_cuda_waits(const void* waiter, const void* on) {
+  std::lock_guard<std::mutex> lock(mu);
+  int n = 0;
+  for (const auto& [w, o] : stream_waits)
+    if (o != nullptr && o != w && (waiter == nullptr || w == waiter) && (on == nullptr || o == on)) ++n;
+  return n;
+}
 FAKE cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { *s = reinterpret_cast<cudaStream_t>(std::malloc(8)); return cudaSuccess; }
 FAKE cudaError_t cudaStreamDestroy(cudaStream_t s) { std::free(s); return cudaSuccess; }
 FAKE cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }

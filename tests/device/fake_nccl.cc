@@ -1,6 +1,6 @@
 // An NCCL without a GPU, for the no-GPU tests of libcomm's NCCL path: ranks are threads of one
-// process; a communicator's ranks meet by unique id; collectives run at the call (float32 sum
-// and max across ranks; the other collectives as copies at world size 1). Init answers
+// process; a communicator's ranks meet by unique id; collectives run at the call (float32 sum,
+// max and avg across ranks, avg as NCCL computes it for floats: each input times 1/n, summed; the other collectives as copies at world size 1). Init answers
 // ncclInProgress first, as a nonblocking NCCL does. fake_nccl_set_async_error() makes
 // ncclCommGetAsyncError report an error; fake_nccl_aborts() counts ncclCommAbort calls.
 #include <nccl.h>
@@ -110,7 +110,7 @@ FAKE ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t
                                 cudaStream_t) {
   auto* c = reinterpret_cast<Comm*>(comm);
   if (c->rank == 0) ++allreduces;
-  if (t != ncclFloat32 || (op != ncclSum && op != ncclMax)) {
+  if (t != ncclFloat32 || (op != ncclSum && op != ncclMax && op != ncclAvg)) {
     if (c->nranks != 1) return ncclInvalidArgument;
     std::memmove(r, s, n * (t == ncclFloat64 || t == ncclInt64 || t == ncclUint64 ? 8 : 4));
     return ncclSuccess;
@@ -119,11 +119,12 @@ FAKE ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t
   std::vector<float> out(n);
   g.inputs[static_cast<size_t>(c->rank)] = s;
   g.barrier();
+  const float scale = op == ncclAvg ? 1.0f / static_cast<float>(c->nranks) : 1.0f;
   for (size_t i = 0; i < n; ++i) {
-    float v = static_cast<const float*>(g.inputs[0])[i];
+    float v = static_cast<const float*>(g.inputs[0])[i] * scale;
     for (int k = 1; k < c->nranks; ++k) {
-      const float x = static_cast<const float*>(g.inputs[static_cast<size_t>(k)])[i];
-      v = op == ncclSum ? v + x : (x > v ? x : v);
+      const float x = static_cast<const float*>(g.inputs[static_cast<size_t>(k)])[i] * scale;
+      v = op != ncclMax ? v + x : (x > v ? x : v);
     }
     out[i] = v;
   }

@@ -14,37 +14,12 @@
 #include <catch2/catch.hpp>
 
 #include "../abi/harness.h"
+#include "fakes.h"
 
 namespace {
 
 using namespace abi;
-
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~EnvGuard() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
-
-// Any non-NULL value is a stream to the fake runtime; the real one never sees it here.
-comm_stream_t const kStream = reinterpret_cast<comm_stream_t>(0x5);
+using namespace devtest;
 
 bool machine_has_gpu() { return access("/dev/nvidiactl", F_OK) == 0; }
 
@@ -59,17 +34,6 @@ void expect_unavailable_everywhere(const Ranks& ranks, const std::vector<std::st
   }
 }
 
-// The fake runtime's cudaMalloc/cudaFree (the same library libcomm opened).
-struct FakeDevice {
-  void* lib = dlopen(FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
-  int (*malloc_fn)(void**, size_t) = reinterpret_cast<int (*)(void**, size_t)>(dlsym(lib, "cudaMalloc"));
-  int (*free_fn)(void*) = reinterpret_cast<int (*)(void*)>(dlsym(lib, "cudaFree"));
-  float* alloc(size_t n) {
-    void* p = nullptr;
-    malloc_fn(&p, n * sizeof(float));
-    return static_cast<float*>(p);
-  }
-};
 
 }  // namespace
 
@@ -229,18 +193,6 @@ TEST_CASE("staged: two ranks on one GPU of one host never reach NCCL (it refuses
 // ---- the NCCL path, over an NCCL and a CUDA runtime without a GPU (fake_nccl.cc, fake_cudart.cc) ----
 namespace {
 
-struct FakeNccl {
-  void* lib = dlopen(FAKE_NCCL, RTLD_NOW | RTLD_LOCAL);
-  template <typename F>
-  F fn(const char* name) { return reinterpret_cast<F>(dlsym(lib, name)); }
-  int count(const char* name) { return fn<int (*)()>(name)(); }
-  void set_async_error(int e) { fn<void (*)(int)>("fake_nccl_set_async_error")(e); }
-};
-
-void fake_set_device(int d) {
-  void* lib = dlopen(FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
-  reinterpret_cast<int (*)(int)>(dlsym(lib, "cudaSetDevice"))(d);
-}
 void fake_hang(int on) {
   void* lib = dlopen(FAKE_CUDART, RTLD_NOW | RTLD_LOCAL);
   reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_hang"))(on);
