@@ -25,6 +25,17 @@ class [[nodiscard]] Status {
     return Status(code_, context + message_);
   }
 
+  // "rank 2, comm_allreduce: " in front, saying the rank once: a message from below that starts
+  // with "rank 2, " or "rank 2: " (the device path names the rank itself, for the watchdog's
+  // messages that no call prefixes) gets the call's name after its rank instead.
+  Status prefixed_at(int rank, const char* fn) const {
+    if (ok()) return *this;
+    const std::string r = "rank " + std::to_string(rank);
+    if (message_.compare(0, r.size() + 2, r + ", ") == 0 || message_.compare(0, r.size() + 2, r + ": ") == 0)
+      return Status(code_, r + ", " + fn + (message_[r.size()] == ',' ? ", " : ": ") + message_.substr(r.size() + 2));
+    return Status(code_, r + ", " + fn + ": " + message_);
+  }
+
  private:
   comm_status_t code_ = COMM_OK;
   std::string message_;
