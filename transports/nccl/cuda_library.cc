@@ -62,6 +62,7 @@ void load(CudaLibrary* c, const std::string& override_path) {
   COMM_RESOLVE(cudaMemcpy);
   COMM_RESOLVE(cudaMemcpyAsync);
   COMM_RESOLVE(cudaMemset);
+  COMM_RESOLVE(cudaMemsetAsync);
   COMM_RESOLVE(cudaEventCreateWithFlags);
   COMM_RESOLVE(cudaEventDestroy);
   COMM_RESOLVE(cudaEventRecord);

@@ -35,6 +35,7 @@ struct CudaLibrary {
   COMM_CUDA_FN(cudaMemcpy);
   COMM_CUDA_FN(cudaMemcpyAsync);
   COMM_CUDA_FN(cudaMemset);
+  COMM_CUDA_FN(cudaMemsetAsync);
   COMM_CUDA_FN(cudaEventCreateWithFlags);
   COMM_CUDA_FN(cudaEventDestroy);
   COMM_CUDA_FN(cudaEventRecord);

@@ -4,6 +4,7 @@
 // needs no CUDA header, so the core compiles the same with and without them.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,6 +47,36 @@ Status group_finish(bool ok);
 // NCCL-registered device memory. Returns false when the call is not the device path's.
 bool mem_alloc(comm_t c, size_t bytes, void** ptr, Status* st);
 bool mem_free(comm_t c, void* ptr, Status* st);
+// The gradient engine's device gradients (engine_streams.cc): the engine's own stream, events
+// that order it after the stream the gradients are produced on (and that stream after it at the
+// end of a step), and device memory for the buckets. The buckets' all-reduces are ordinary
+// collectives with this stream, so they take the communicator's device path: NCCL, or staged
+// through pinned host memory. Calls from several threads are fine (the CUDA runtime's are).
+class EngineStreams {
+ public:
+  virtual ~EngineStreams() = default;
+  virtual bool staged() const = 0;               // the communicator stages device buffers
+  virtual const std::string& why() const = 0;    // the device path and why it was chosen
+  virtual comm_stream_t stream() const = 0;      // the engine's communication stream
+  virtual void bind_thread() const = 0;          // the engine's device current on this thread
+  virtual Status reserve(size_t buckets) = 0;    // one ready-event per bucket
+  virtual Status alloc(size_t bytes, void** ptr) = 0;  // device memory, zeroed (at finalize, never in a step)
+  virtual void release(void* ptr) = 0;
+  // Bucket b's gradients are all reported: an event on the producer stream now...
+  virtual Status ready(size_t bucket) = 0;
+  // ...that the engine's stream waits for before the bucket's copies and all-reduce.
+  virtual Status wait_ready(size_t bucket) = 0;
+  virtual Status copy(void* dst, const void* src, size_t bytes) = 0;  // device to device, on the engine's stream
+  virtual Status zero(void* ptr, size_t bytes) = 0;                   // on the engine's stream
+  // End of a step: the producer stream waits for everything enqueued on the engine's stream.
+  virtual Status join() = 0;
+  // The host waits for the engine's stream (bounded by the timeout, ended by comm_abort).
+  virtual Status synchronize(const char* what) = 0;
+};
+// comm_engine_create with a stream, on the engine's own communicator (collective: decides the
+// device path with every rank if no device call did yet). COMM_ERR_UNAVAILABLE when some rank
+// has no CUDA runtime or device, or the build has no CUDA headers.
+Status open_engine_streams(comm_t c, comm_stream_t producer, std::unique_ptr<EngineStreams>* out);
 // comm_destroy: stops the watchdog, finalizes (or aborts, after an error) the NCCL communicator.
 void release(comm_t c);
 

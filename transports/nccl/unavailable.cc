@@ -25,11 +25,15 @@ Status issue(comm_t c, const algo::CollArgs&, comm_stream_t, bool) {
                      ". Pass NULL for host buffers");
 }
 
+Status open_engine_streams(comm_t c, comm_stream_t, std::unique_ptr<EngineStreams>*) {
+  return Unavailable("rank " + std::to_string(c->rank) + ": device gradients (a non-NULL stream in comm_engine_config_t), but " +
+                     kWhy + ". Pass stream = NULL with host gradients");
+}
+
 Status group_end() { return Status::Ok(); }
 Status group_finish(bool) { return Status::Ok(); }
 bool mem_alloc(comm_t, size_t, void**, Status*) { return false; }
 bool mem_free(comm_t, void*, Status*) { return false; }
 void release(comm_t) {}
-
 
 }  // namespace comm::device

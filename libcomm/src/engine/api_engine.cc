@@ -20,7 +20,7 @@ COMM_API comm_status_t comm_engine_create(comm_t comm, const comm_engine_config_
     comm::engine::Options opt;
     COMM_RETURN_IF_ERROR(comm::engine::resolve_options(cfg, &opt).prefixed("rank " + std::to_string(comm->rank) + ", "));
     std::unique_ptr<Engine> impl;
-    COMM_RETURN_IF_ERROR(Engine::create(comm, opt, &impl).prefixed("rank " + std::to_string(comm->rank) + ", comm_engine_create: "));
+    COMM_RETURN_IF_ERROR(Engine::create(comm, opt, &impl).prefixed_at(comm->rank, "comm_engine_create"));
     *eng = new comm_engine_s{std::move(impl)};
     return Status::Ok();
   });

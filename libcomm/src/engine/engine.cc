@@ -17,12 +17,26 @@ Buffer::Buffer(size_t n) : bytes(n) {
   if (ptr == nullptr) throw std::bad_alloc();
   std::memset(ptr, 0, n);  // the first touch happens here, at finalize, never in a step
 }
+Status Buffer::on_device(size_t n, device::EngineStreams* dev, Buffer* out) {
+  Buffer b;
+  b.dev = dev;
+  b.bytes = n;
+  if (n > 0) COMM_RETURN_IF_ERROR(dev->alloc(n, &b.ptr));
+  *out = std::move(b);
+  return Status::Ok();
+}
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   std::swap(ptr, o.ptr);
   std::swap(bytes, o.bytes);
+  std::swap(dev, o.dev);
   return *this;
 }
-Buffer::~Buffer() { std::free(ptr); }
+Buffer::~Buffer() {
+  if (dev != nullptr)
+    dev->release(ptr);
+  else
+    std::free(ptr);
+}
 
 namespace {
 
@@ -33,8 +47,18 @@ Status from_call(comm_status_t s, const std::string& context) {
 
 const char* const kHeaderNames[] = {"number of parameters", "bucket_cap_bytes", "first_bucket_bytes", "op",
                                     "wire_dtype", "gradient_as_bucket_view", "static_graph",
-                                    "find_unused_parameters"};
-constexpr size_t kHeader = 8;
+                                    "find_unused_parameters", "device gradients (stream != NULL)"};
+constexpr size_t kHeader = 9;
+
+// "rank 2, comm_allreduce: why" from below, inside a message that names the rank already.
+std::string without_rank(const std::string& m, int rank) {
+  const std::string r = "rank " + std::to_string(rank) + ", ";
+  return m.compare(0, r.size(), r) == 0 ? m.substr(r.size()) : m;
+}
+// The device side's failure (which names its rank and communicator) under the engine's context.
+Status under(const Status& st, const std::string& context, int rank) {
+  return st.ok() ? st : Status(st.code(), context + without_rank(st.message(), rank));
+}
 
 std::string dtype_text(int64_t d) {
   return dtype_valid(static_cast<int>(d)) ? dtype_name(static_cast<comm_dtype_t>(d)) : std::to_string(d);
@@ -52,6 +76,16 @@ Status Engine::create(comm_t comm, const Options& opt, std::unique_ptr<Engine>* 
   e->parent_ = comm;
   e->rank_ = e->comm_->rank;
   e->size_ = e->comm_->size;
+  if (opt.stream != nullptr) {
+    COMM_RETURN_IF_ERROR(device::open_engine_streams(e->comm_, opt.stream, &e->dev_));
+    if (e->dev_->staged())
+      COMM_INFO(kColl, "rank %d: the engine's device gradients are staged through pinned host memory onto the host "
+                       "transport (one copy each way per bucket, the host waits for each bucket's copy in): %s",
+                e->rank_, e->dev_->why().c_str());
+    else
+      COMM_INFO(kColl, "rank %d: the engine's device gradients are all-reduced by %s on the engine's own stream",
+                e->rank_, e->dev_->why().c_str());
+  }
   e->trace_.open(opt.trace_file, e->rank_);
   *out = std::move(e);
   return Status::Ok();
@@ -120,7 +154,7 @@ Status Engine::check_agreement() {
   const std::string w = where("comm_engine_finalize");
   int64_t mine[kHeader] = {static_cast<int64_t>(params_.size()), static_cast<int64_t>(opt_.bucket_cap_bytes),
                            static_cast<int64_t>(opt_.first_bucket_bytes), opt_.op, opt_.wire_dtype,
-                           opt_.grad_view, opt_.static_graph, opt_.find_unused};
+                           opt_.grad_view, opt_.static_graph, opt_.find_unused, opt_.stream != nullptr};
   std::vector<int64_t> all(kHeader * static_cast<size_t>(size_));
   COMM_RETURN_IF_ERROR(from_call(comm_allgather(comm_, mine, all.data(), kHeader, COMM_INT64, nullptr), w));
   for (int r = 1; r < size_; ++r)
@@ -158,7 +192,15 @@ Status Engine::check_agreement() {
   return Status::Ok();
 }
 
-void Engine::build(const std::vector<int>& order) {
+Status Engine::make_buffer(size_t bytes, Buffer* out) {
+  if (dev_ == nullptr) {
+    *out = Buffer(bytes);
+    return Status::Ok();
+  }
+  return Buffer::on_device(bytes, dev_.get(), out);
+}
+
+Status Engine::build(const std::vector<int>& order) {
   std::vector<BucketLayout> layouts = assign_buckets(params_, order, opt_.bucket_cap_bytes, opt_.first_bucket_bytes);
   std::vector<Bucket> buckets(layouts.size());
   param_bucket_.assign(params_.size(), -1);
@@ -171,16 +213,19 @@ void Engine::build(const std::vector<int>& order) {
     bk.wire = bk.compressed ? static_cast<comm_dtype_t>(opt_.wire_dtype) : bk.layout.dtype;
     // Gradients in their own dtype are needed as views, or as the staging the all-reduce runs
     // on; a compressed bucket without views goes straight from the gradient to the wire copy.
-    if (opt_.grad_view || !bk.compressed) bk.data = Buffer(bk.layout.count * dtype_size(bk.layout.dtype));
-    if (bk.compressed) bk.wirebuf = Buffer(bk.layout.count * dtype_size(bk.wire));
+    if (opt_.grad_view || !bk.compressed)
+      COMM_RETURN_IF_ERROR(make_buffer(bk.layout.count * dtype_size(bk.layout.dtype), &bk.data));
+    if (bk.compressed) bk.wirebuf = Buffer(bk.layout.count * dtype_size(bk.wire));  // host only (options.cc)
     for (size_t i = 0; i < bk.layout.params.size(); ++i) {
       param_bucket_[static_cast<size_t>(bk.layout.params[i])] = static_cast<int>(b);
       param_offset_[static_cast<size_t>(bk.layout.params[i])] = bk.layout.offset[i];
     }
   }
+  if (dev_ != nullptr) COMM_RETURN_IF_ERROR(dev_->reserve(buckets.size()));
   buckets_ = std::move(buckets);
   last_buckets_.assign(buckets_.size(), comm_engine_bucket_stats_t{});
   ++layout_version_;
+  return Status::Ok();
 }
 
 Status Engine::finalize() {
@@ -197,7 +242,10 @@ Status Engine::finalize() {
     return st;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  build(reverse_order(params_.size()));
+  if (Status built = build(reverse_order(params_.size())); !built.ok()) {
+    broken_ = under(built, where("comm_engine_finalize"), rank_);
+    return broken_;
+  }
   const size_t n = params_.size();
   state_.assign(n, ParamState::kWaiting);
   grad_ptr_.assign(n, nullptr);
@@ -209,18 +257,26 @@ Status Engine::finalize() {
   return Status::Ok();
 }
 
-void Engine::zero_slot(int p) {
+Status Engine::zero_slot(int p) {
   const Bucket& bk = buckets_[static_cast<size_t>(param_bucket_[static_cast<size_t>(p)])];
   const size_t off = param_offset_[static_cast<size_t>(p)], n = params_[static_cast<size_t>(p)].count;
+  // Device gradients: zeroed when the bucket runs, on the engine's stream after the producer
+  // stream's event (the previous step's optimizer may still read the view there).
+  if (dev_ != nullptr) return Status::Ok();
   if (bk.data.ptr != nullptr)
     std::memset(static_cast<char*>(bk.data.ptr) + off * dtype_size(bk.layout.dtype), 0, n * dtype_size(bk.layout.dtype));
   if (bk.wirebuf.ptr != nullptr)
     std::memset(static_cast<char*>(bk.wirebuf.ptr) + off * dtype_size(bk.wire), 0, n * dtype_size(bk.wire));
+  return Status::Ok();
 }
 
 void Engine::mark_in_bucket(int p, double t_us) {
-  Bucket& bk = buckets_[static_cast<size_t>(param_bucket_[static_cast<size_t>(p)])];
+  const auto b = static_cast<size_t>(param_bucket_[static_cast<size_t>(p)]);
+  Bucket& bk = buckets_[b];
   if (--bk.pending == 0) {
+    // Device gradients: every gradient of the bucket was produced on the producer stream before
+    // this point, so one event recorded there now covers them all.
+    if (dev_ != nullptr) bk.ready_error = dev_->ready(b);
     bk.ready = true;
     bk.ready_us = t_us;
     cv_.notify_all();
@@ -234,6 +290,11 @@ Status Engine::begin(bool sync) {
   if (in_step_)
     return InvalidUsage(where("comm_engine_begin") +
                         "a step is already open (begin twice without end); call comm_engine_end first");
+  if (dev_ != nullptr && !retired_.empty()) {
+    // The engine's stream copied the reduced views out of them: let it finish before they go.
+    Status st = dev_->synchronize("the copy out of the buckets a static-graph rebuild replaced");
+    if (!st.ok()) return under(st, where("comm_engine_begin"), rank_);
+  }
   retired_.clear();  // the views a static-graph rebuild replaced (freed once)
   std::fill(state_.begin(), state_.end(), ParamState::kWaiting);
   std::fill(grad_ptr_.begin(), grad_ptr_.end(), nullptr);
@@ -257,7 +318,11 @@ Status Engine::begin(bool sync) {
     for (size_t p = 0; p < params_.size(); ++p)
       if (learnt_unused_[p]) {
         state_[p] = ParamState::kUnused;
-        zero_slot(static_cast<int>(p));
+        Status st = zero_slot(static_cast<int>(p));
+        if (!st.ok()) {
+          lock.unlock();
+          return fail(under(st, where("comm_engine_begin"), rank_));
+        }
         last_unused_.push_back(static_cast<int>(p));
         mark_in_bucket(static_cast<int>(p), step_begin_us_);
       }
@@ -310,7 +375,9 @@ Status Engine::grad_ready(int index, void* ptr) {
   grad_ptr_[p] = ptr;
   if (learning_) observed_.push_back(index);
   lock.unlock();
-  copy_in(index, ptr);  // outside the lock: hooks on several threads copy at once
+  // Outside the lock: hooks on several threads copy at once. Device gradients are copied on the
+  // engine's stream when their bucket runs (after the producer stream's event).
+  if (dev_ == nullptr) copy_in(index, ptr);
   const double t = now_us();
   lock.lock();
   state_[p] = ParamState::kReady;
@@ -334,14 +401,57 @@ Status Engine::grad_view(int index, void** ptr) {
   return Status::Ok();
 }
 
-// The one place a bucket goes on the wire: a device (NCCL) path plugs in here.
+// Device gradients: everything is enqueued on the engine's stream, after the producer stream's
+// event for this bucket: the copies in, one comm_allreduce of the flat bucket with that stream
+// (NCCL on the stream, or staged through pinned host memory), the copies out.
+Status Engine::run_bucket_device(int b) {
+  Bucket& bk = buckets_[static_cast<size_t>(b)];
+  COMM_RETURN_IF_ERROR(bk.ready_error);
+  COMM_RETURN_IF_ERROR(dev_->wait_ready(static_cast<size_t>(b)));
+  const size_t es = dtype_size(bk.layout.dtype);
+  // A bucket of one gradient (a large parameter) is reduced where the gradient lies: no copies.
+  const bool direct = !opt_.grad_view && bk.layout.params.size() == 1 &&
+                      grad_ptr_[static_cast<size_t>(bk.layout.params[0])] != nullptr;
+  void* buf = direct ? grad_ptr_[static_cast<size_t>(bk.layout.params[0])] : bk.data.ptr;
+  if (!direct)
+    for (size_t i = 0; i < bk.layout.params.size(); ++i) {
+      const auto p = static_cast<size_t>(bk.layout.params[i]);
+      char* slot = static_cast<char*>(bk.data.ptr) + bk.layout.offset[i] * es;
+      // state_ and grad_ptr_ of this bucket's gradients are fixed once it is ready, until the next begin().
+      if (state_[p] == ParamState::kUnused)
+        COMM_RETURN_IF_ERROR(dev_->zero(slot, params_[p].count * es));
+      else if (grad_ptr_[p] != nullptr)
+        COMM_RETURN_IF_ERROR(dev_->copy(slot, grad_ptr_[p], params_[p].count * es));
+    }
+  comm_status_t s = comm_allreduce(comm_, buf, buf, bk.layout.count, bk.wire, opt_.op, dev_->stream());
+  if (s != COMM_OK) return Status(s, without_rank(comm_last_error(nullptr), rank_));
+  if (!direct)
+    for (size_t i = 0; i < bk.layout.params.size(); ++i) {
+      const auto p = static_cast<size_t>(bk.layout.params[i]);
+      if (grad_ptr_[p] != nullptr)
+        COMM_RETURN_IF_ERROR(dev_->copy(grad_ptr_[p], static_cast<char*>(bk.data.ptr) + bk.layout.offset[i] * es, params_[p].count * es));
+    }
+  return Status::Ok();
+}
+
+// The one place a bucket goes on the wire.
 Status Engine::run_bucket(int b) {
+  if (dev_ != nullptr) {
+    Status st = run_bucket_device(b);
+    if (st.ok()) return st;
+    return Status(st.code(), "rank " + std::to_string(rank_) + ", comm_engine bucket " + std::to_string(b) + " of step " +
+                                 std::to_string(steps_ + 1) + " (device gradients): " + without_rank(st.message(), rank_) +
+                                 (st.code() == COMM_ERR_TIMEOUT || st.code() == COMM_ERR_REMOTE
+                                      ? " (a peer that reported a different set of gradients, called begin with a "
+                                        "different sync flag or never called end leaves this bucket waiting)"
+                                      : ""));
+  }
   Bucket& bk = buckets_[static_cast<size_t>(b)];
   void* buf = bk.compressed ? bk.wirebuf.ptr : bk.data.ptr;
   comm_status_t s = comm_allreduce(comm_, buf, buf, bk.layout.count, bk.wire, opt_.op, nullptr);
   if (s != COMM_OK)
     return Status(s, "rank " + std::to_string(rank_) + ", comm_engine bucket " + std::to_string(b) + " of step " +
-                         std::to_string(steps_ + 1) + ": " + comm_last_error(nullptr) +
+                         std::to_string(steps_ + 1) + ": " + without_rank(comm_last_error(nullptr), rank_) +
                          " (a peer that reported a different set of gradients, called begin with a different "
                          "sync flag or never called end leaves this bucket waiting)");
   const size_t es = dtype_size(bk.layout.dtype);
@@ -367,6 +477,7 @@ Status Engine::run_bucket(int b) {
 
 void Engine::comm_loop() {
   log::set_thread_rank(rank_);
+  if (dev_ != nullptr) dev_->bind_thread();
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] {
@@ -413,15 +524,19 @@ Status Engine::rebuild_from_rank0() {
   std::vector<Bucket> old = std::move(buckets_);
   std::vector<int> old_bucket = param_bucket_;
   std::vector<size_t> old_offset = param_offset_;
-  build(std::vector<int>(order.begin(), order.end()));
+  COMM_RETURN_IF_ERROR(under(build(std::vector<int>(order.begin(), order.end())), w, rank_));
   if (opt_.grad_view)
     for (size_t p = 0; p < n; ++p) {
       const size_t es = dtype_size(params_[p].dtype);
       const Bucket& from = old[static_cast<size_t>(old_bucket[p])];
       const Bucket& to = buckets_[static_cast<size_t>(param_bucket_[p])];
-      if (params_[p].count > 0)
-        std::memcpy(static_cast<char*>(to.data.ptr) + param_offset_[p] * es,
-                    static_cast<const char*>(from.data.ptr) + old_offset[p] * es, params_[p].count * es);
+      if (params_[p].count == 0) continue;
+      char* dst = static_cast<char*>(to.data.ptr) + param_offset_[p] * es;
+      const char* src = static_cast<const char*>(from.data.ptr) + old_offset[p] * es;
+      if (dev_ != nullptr)  // after the old buckets' all-reduces, on the engine's stream
+        COMM_RETURN_IF_ERROR(under(dev_->copy(dst, src, params_[p].count * es), w, rank_));
+      else
+        std::memcpy(dst, src, params_[p].count * es);
     }
   // The framework's gradients still point into the old views until it fetches the new ones
   // (after this end(), before the next begin()): they stay valid, with the reduced values, until then.
@@ -469,7 +584,10 @@ Status Engine::end() {
   for (size_t p = 0; p < params_.size() && missing > 0; ++p)
     if (state_[p] == ParamState::kWaiting) {
       state_[p] = ParamState::kUnused;
-      zero_slot(static_cast<int>(p));
+      if (Status st = zero_slot(static_cast<int>(p)); !st.ok()) {
+        lock.unlock();
+        return fail(under(st, where(fn), rank_));
+      }
       last_unused_.push_back(static_cast<int>(p));
       mark_in_bucket(static_cast<int>(p), t_end);
     }
@@ -506,6 +624,15 @@ Status Engine::end() {
     if (!st.ok()) {
       lock.unlock();
       return fail(st);
+    }
+  }
+  // Device gradients: the producer stream waits for the engine's (the optimizer, enqueued after
+  // this call, sees the reduced gradients); the host does not wait.
+  if (dev_ != nullptr) {
+    Status st = dev_->join();
+    if (!st.ok()) {
+      lock.unlock();
+      return fail(under(st, where(fn), rank_));
     }
   }
   const double t_out = now_us();
@@ -569,10 +696,21 @@ Status Engine::destroy() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  Status drained;
+  if (dev_ != nullptr && !mid_step) {
+    // The bucket memory goes with the engine: the engine's stream finishes with it first.
+    bool broken;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken = !broken_.ok();
+    }
+    if (!broken) drained = dev_->synchronize("the engine's last bucket on its stream");
+  }
   std::string err = trace_.write();
   if (!err.empty()) COMM_WARN(kColl, "rank %d, comm_engine_destroy: %s", rank_, err.c_str());
   comm_status_t s = comm_destroy(comm_);
   comm_ = nullptr;
+  if (!drained.ok()) return under(drained, where("comm_engine_destroy"), rank_);
   return from_call(s, where("comm_engine_destroy"));
 }
 

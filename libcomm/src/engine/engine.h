@@ -15,6 +15,7 @@
 #include "engine/layout.h"
 #include "engine/trace.h"
 #include "status.h"
+#include "transports/nccl/device.h"
 
 namespace comm::engine {
 
@@ -27,16 +28,20 @@ struct Options {
   bool grad_view = false;
   bool static_graph = false;
   bool find_unused = false;
+  comm_stream_t stream = nullptr;  // device gradients, produced on this stream
   std::string trace_file;
 };
 
-// 64-byte aligned, touched at allocation (first touch is slow here: never on a step).
+// 64-byte aligned, touched at allocation (first touch is slow here: never on a step). With
+// device gradients: device memory, zeroed.
 struct Buffer {
   void* ptr = nullptr;
   size_t bytes = 0;
+  device::EngineStreams* dev = nullptr;  // device memory of the engine's device (outlives the buffer)
   Buffer() = default;
   explicit Buffer(size_t n);
-  Buffer(Buffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes) { o.ptr = nullptr, o.bytes = 0; }
+  static Status on_device(size_t n, device::EngineStreams* dev, Buffer* out);
+  Buffer(Buffer&& o) noexcept : ptr(o.ptr), bytes(o.bytes), dev(o.dev) { o.ptr = nullptr, o.bytes = 0; }
   Buffer& operator=(Buffer&& o) noexcept;
   ~Buffer();
 };
@@ -50,6 +55,7 @@ struct Bucket {
   // Per step (guarded by Engine::mu):
   int pending = 0;  // gradients not yet in the bucket
   bool ready = false;
+  Status ready_error;  // device gradients: recording the bucket's event failed
   double ready_us = 0, start_us = 0, done_us = 0;
 };
 
@@ -76,12 +82,14 @@ class Engine {
   Engine() = default;
   std::string where(const char* fn) const;  // "rank 2, comm_engine_end (step 7): "
   Status check_agreement();                  // finalize's collective check
-  void build(const std::vector<int>& order); // buckets + storage for this fill order
+  Status build(const std::vector<int>& order); // buckets + storage for this fill order
+  Status make_buffer(size_t bytes, Buffer* out);
   Status rebuild_from_rank0();               // static graph, end of the first synced step
   void mark_in_bucket(int p, double t_us);   // under mu: one gradient more in its bucket
   void copy_in(int p, const void* ptr);      // the gradient into its bucket (compressing)
-  void zero_slot(int p);
+  Status zero_slot(int p);
   Status run_bucket(int b);                  // the issue path: all-reduce + copy back
+  Status run_bucket_device(int b);           // the same, enqueued on the engine's stream
   void comm_loop();
   // Breaks the engine and tells the peers; interrupt: abort the bucket in flight first.
   Status fail(Status st, bool interrupt = false);
@@ -94,6 +102,9 @@ class Engine {
   std::vector<ParamInfo> params_;
   std::vector<int> param_bucket_;
   std::vector<size_t> param_offset_;  // elements, inside its bucket
+  // Device gradients (opt_.stream): the engine's stream and events; declared before the buckets,
+  // whose device memory it frees.
+  std::unique_ptr<device::EngineStreams> dev_;
   std::vector<Bucket> buckets_;
   std::vector<Bucket> retired_;  // the layout a static-graph rebuild replaced, until the next begin()
   bool finalized_ = false;

@@ -30,11 +30,8 @@ Status resolve_options(const comm_engine_config_t* in, Options* out) {
     std::memcpy(&cfg, in, in->size < sizeof cfg ? in->size : sizeof cfg);
     cfg.size = sizeof cfg;
   }
-  if (cfg.stream != nullptr)
-    return Unavailable(
-        "comm_engine_create: device gradients (stream != NULL) need the NCCL backend, which the engine does not "
-        "drive yet; pass stream = NULL with host gradients");
   Options o;
+  o.stream = cfg.stream;
   int64_t v = 0;
   if (cfg.bucket_cap_bytes == COMM_UNSET) {
     COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_BUCKET_CAP_BYTES", 1, INT64_MAX, &v));
@@ -64,6 +61,13 @@ Status resolve_options(const comm_engine_config_t* in, Options* out) {
     return InvalidArgument("comm_engine_create: wire_dtype " + std::to_string(cfg.wire_dtype) +
                            " must be COMM_FLOAT16, COMM_BFLOAT16, COMM_FLOAT32 or COMM_UNSET (no compression)");
   o.wire_dtype = cfg.wire_dtype == COMM_FLOAT32 ? COMM_UNSET : cfg.wire_dtype;
+  // Compression converts float32 to float16/bfloat16 and back in the bucket: on the device that
+  // needs a kernel, and libcomm ships none (it opens CUDA with dlopen and builds without nvcc).
+  if (o.stream != nullptr && o.wire_dtype != COMM_UNSET)
+    return Unavailable("comm_engine_create: wire_dtype " + std::string(dtype_name(static_cast<comm_dtype_t>(o.wire_dtype))) +
+                       " (compression) with device gradients (stream != NULL): converting on the device needs a CUDA "
+                       "kernel, which libcomm does not have; leave wire_dtype unset, or cast the gradients to that "
+                       "dtype in the framework (as DDP's fp16_compress_hook does) and register them as such");
   COMM_RETURN_IF_ERROR(flag("gradient_as_bucket_view", cfg.gradient_as_bucket_view, &o.grad_view));
   COMM_RETURN_IF_ERROR(flag("static_graph", cfg.static_graph, &o.static_graph));
   COMM_RETURN_IF_ERROR(flag("find_unused_parameters", cfg.find_unused_parameters, &o.find_unused));
