@@ -39,6 +39,13 @@ void* DeviceStream::alloc(size_t bytes, std::string* error) {
 
 void DeviceStream::release(void* p) { (void)cuda().cudaFree(p); }
 
+bool DeviceStream::copy(void* dst, const void* src, size_t bytes, std::string* error) {
+  if (bytes == 0) return true;
+  cudaError_t e = cuda().cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream_));
+  if (e != cudaSuccess) *error = "cudaMemcpyAsync failed: " + cuda().error_text(e);
+  return e == cudaSuccess;
+}
+
 bool DeviceStream::sync(std::string* error) {
   if (cudaError_t e = cuda().cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)); e != cudaSuccess) {
     *error = "cudaStreamSynchronize failed: " + cuda().error_text(e);
@@ -54,6 +61,7 @@ DeviceStream::~DeviceStream() = default;
 std::string DeviceStream::open() { return "-G 1: comm-bench was built without the CUDA/NCCL headers"; }
 void* DeviceStream::alloc(size_t, std::string*) { return nullptr; }
 void DeviceStream::release(void*) {}
+bool DeviceStream::copy(void*, const void*, size_t, std::string*) { return false; }
 bool DeviceStream::sync(std::string*) { return false; }
 }  // namespace bench
 #endif

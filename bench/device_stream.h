@@ -15,6 +15,7 @@ class DeviceStream {
   void* stream() const { return stream_; }
   void* alloc(size_t bytes, std::string* error);
   void release(void* p);
+  bool copy(void* dst, const void* src, size_t bytes, std::string* error);  // on the stream, any memory
   bool sync(std::string* error);  // the stream's work done (bounded by the work itself)
 
  private:
