@@ -204,8 +204,10 @@ typedef struct {
   /* 1: gradients not reported by end() are reduced as zeros and reported in the stats, instead of
    * being an error. COMM_UNSET: 0. */
   int find_unused_parameters;
-  /* NULL: host gradients. A cudaStream_t: device gradients produced on that stream (not in this
-   * build yet: comm_engine_create returns COMM_ERR_UNAVAILABLE). */
+  /* NULL: host gradients. A cudaStream_t: device gradients produced on that stream; the buckets
+   * are all-reduced on the engine's own stream (NCCL, or staged through pinned host memory),
+   * ordered after that stream by events, and end() makes that stream wait for them (the host does
+   * not). COMM_ERR_UNAVAILABLE without CUDA, or with wire_dtype set. README: "Device gradients". */
   comm_stream_t stream;
   /* Chrome/Perfetto trace (JSON) of steps and buckets, written at comm_engine_destroy.
    * NULL: COMM_TRACE_FILE; a "%r" in the name becomes the rank. "" or unset: no trace. */
@@ -274,7 +276,9 @@ COMM_API comm_status_t comm_engine_grad_ready(comm_engine_t eng, int index, void
  * the old views then still hold that step's reduced values until the next comm_engine_begin;
  * fetch the new ones (they hold the same values) before it. */
 COMM_API comm_status_t comm_engine_grad_view(comm_engine_t eng, int index, void** ptr);
-/* Before the optimizer step: waits until every reported gradient holds the reduced value. */
+/* Before the optimizer step: waits until every reported gradient holds the reduced value. With
+ * device gradients: returns once every bucket is enqueued, and the gradients' stream waits (on the
+ * GPU) until they hold it. */
 COMM_API comm_status_t comm_engine_end(comm_engine_t eng);
 COMM_API comm_status_t comm_engine_stats(comm_engine_t eng, comm_engine_stats_t* stats);
 /* All gradients reduced as zeros in the last synced step: up to capacity indices, ascending;
