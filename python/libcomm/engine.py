@@ -113,8 +113,16 @@ class Engine:
 
     def __init__(self, comm, *, bucket_cap_bytes=None, first_bucket_bytes=None, op=None,
                  wire_dtype=None, gradient_as_bucket_view=None, static_graph=None,
-                 find_unused_parameters=None, trace_file=None):
+                 find_unused_parameters=None, trace_file=None, stream=None):
+        """stream: device gradients produced on that CUDA stream (a cudaStream_t address, or an
+        object with .cuda_stream such as torch.cuda.Stream); pass their device addresses (ints)
+        to grad_ready. end() then makes that stream wait for the reduced gradients (comm.h)."""
         _bind()
+        if stream is not None and not isinstance(stream, int):
+            stream = getattr(stream, "cuda_stream", None)
+            if not isinstance(stream, int):
+                raise invalid("libcomm: Engine: stream must be a cudaStream_t address (int) or have "
+                              ".cuda_stream (torch.cuda.Stream)")
         cfg = EngineConfig(
             ctypes.sizeof(EngineConfig), COMM_ENGINE_CONFIG_VERSION,
             COMM_UNSET if bucket_cap_bytes is None else int(bucket_cap_bytes),
@@ -122,7 +130,7 @@ class Engine:
             COMM_UNSET if op is None else op_code(op),
             COMM_UNSET if wire_dtype is None else dtype_code(wire_dtype),
             _flag(gradient_as_bucket_view), _flag(static_graph), _flag(find_unused_parameters),
-            None, None if trace_file is None else str(trace_file).encode())
+            stream or None, None if trace_file is None else str(trace_file).encode())
         self.comm = comm
         self.rank = comm.rank
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
