@@ -329,6 +329,9 @@ void match_tuning(comm_t c) {
   if (!c->settings.profile || c->size == 1) return;
   const tuning::Profile& p = *c->settings.profile;
   for (const auto& n : notes) COMM_INFO(kInit, "comm %s rank %d: tuning: %s", c->id.c_str(), c->rank, n.c_str());
+  bool host_entries = false;  // NCCL entries act on NCCL's environment, not on this communicator
+  for (const auto& e : p.entries) host_entries = host_entries || !e.is_nccl();
+  if (!host_entries) return;
   if (c->tuning->call_entries() == 0 && c->tuning->comm_settings().empty() && c->tuning->engine_entries() == 0) {
     COMM_WARN(kInit, "comm %s rank %d: tuning profile %s has no entry for %d ranks over %s; defaults apply "
               "(COMM_DEBUG=INFO lists the entries and why each is ignored)", c->id.c_str(), c->rank, p.path.c_str(),
