@@ -183,10 +183,13 @@ def engine_row(text):
 
 def busbw_by_size(result):
     """busbw of the faster placement (out-of-place or in-place) per size: a one-time cost inside
-    a job (a first use, a descheduled rank) then does not decide a comparison between jobs."""
+    a job (a first use, a descheduled rank) then does not decide a comparison between jobs.
+    At 1 rank (gpu-check's NCCL sweep on one GPU) algbw, since busbw is 0 there."""
     rows = {}
     for row in result["rows"]:
-        rows[str(row["size"])] = max(row["out_of_place"]["busbw"], row["in_place"]["busbw"])
+        # busbw is 0 at 1 rank (2(n-1)/n): the ratio of two zeros says nothing, algbw does.
+        key = "busbw" if row["out_of_place"]["busbw"] > 0 or row["in_place"]["busbw"] > 0 else "algbw"
+        rows[str(row["size"])] = max(row["out_of_place"][key], row["in_place"][key])
     return rows
 
 
