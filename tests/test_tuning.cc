@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "topology/apply.h"
 #include "tuning/apply.h"
+#include "tuning/nccl_settings.h"
 #include "tuning/profile.h"
 
 using comm::transport::CollKind;
@@ -105,7 +107,7 @@ TEST_CASE("an unknown knob or a value out of range is refused, naming the entry"
                                 "settings": {"socket_nconns": 2}})"));
   CHECK(e.find("whole communicator") != std::string::npos);
   CHECK(error_of(profile_with(R"({"collective": "allreduce", "ranks": 2, "transport": "nccl",
-                                  "settings": {"algo": "ring"}})")).find("transport 'nccl' is unknown") !=
+                                  "settings": {"algo": "ring"}})")).find("NCCL reads once per process: use collective") !=
         std::string::npos);
   Profile ucx;
   CHECK(parse_profile("p.json", profile_with(R"({"collective": "allreduce", "ranks": 2, "transport": "shm+ucx",
@@ -174,4 +176,113 @@ TEST_CASE("a call's size is counted as comm-bench's size column", "[tuning]") {
   CHECK(call_bytes(CollKind::kAllgather, 256, COMM_FLOAT32, 4) == 4096);
   CHECK(call_bytes(CollKind::kReduceScatter, 256, COMM_FLOAT16, 4) == 2048);
   CHECK(call_bytes(CollKind::kBroadcast, 3, COMM_FLOAT64, 4) == 24);
+}
+
+// The gradient engine's entries: keyed by rank count, transport and the model's gradient bytes.
+const char* kEngine =
+    R"({"collective": "engine", "ranks": 2, "transport": "shm", "min_bytes": 1000, "max_bytes": 1999,
+        "settings": {"bucket_cap_bytes": 4194304, "first_bucket_bytes": 262144}, "measured": {"gain": 1.1}},
+       {"collective": "engine", "ranks": 2, "transport": "shm", "min_bytes": 2000,
+        "settings": {"bucket_cap_bytes": 8388608}},
+       {"collective": "engine", "ranks": 4, "transport": "shm", "settings": {"bucket_cap_bytes": 65536}})";
+
+TEST_CASE("engine entries are chosen by the model's gradient bytes, for their rank count and transport", "[tuning]") {
+  auto p = std::make_shared<Profile>();
+  REQUIRE(parse_profile("p.json", profile_with(kEngine), p.get()).ok());
+  CHECK(p->entries[0].label() == "entry #0 (engine, 2 ranks, shm, 1000..1999 gradient bytes)");
+  CHECK(p->entries[0].settings.describe() == "bucket_cap_bytes=4194304 first_bucket_bytes=262144");
+  std::vector<std::string> notes;
+  auto a = Applied::match(p, 2, "shm", &notes);
+  CHECK(a->engine_entries() == 2);
+  CHECK(a->call_entries() == 0);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].find("entry #2 (engine, 4 ranks, shm) ignored: written for 4 ranks over shm") == 0);
+  CHECK(a->for_engine(999) == nullptr);
+  REQUIRE(a->for_engine(1000) != nullptr);
+  CHECK(a->for_engine(1999)->index == 0);
+  CHECK(a->for_engine(1u << 30)->index == 1);
+  notes.clear();
+  CHECK(Applied::match(p, 2, "socket", &notes)->engine_entries() == 0);
+  CHECK(notes.size() == 3);
+}
+
+TEST_CASE("a bad engine entry is refused, naming the entry", "[tuning]") {
+  std::string e = error_of(profile_with(R"({"collective": "engine", "ranks": 2, "transport": "shm",
+                                            "settings": {"bucket_cap": 1024}})"));
+  CHECK(e.find("entry #0 (engine, 2 ranks, shm) sets the unknown knob 'bucket_cap'") != std::string::npos);
+  e = error_of(profile_with(R"({"collective": "engine", "ranks": 2, "transport": "shm",
+                                "settings": {"bucket_cap_bytes": 0}})"));
+  CHECK(e.find("bucket_cap_bytes=0 is out of range [1, 1099511627776]") != std::string::npos);
+  e = error_of(profile_with(R"({"collective": "allreduce", "ranks": 2, "transport": "shm",
+                                "settings": {"first_bucket_bytes": 4096}})"));
+  CHECK(e.find("acts on the gradient engine: put it in an entry with collective \"engine\"") != std::string::npos);
+  e = error_of(profile_with(R"({"collective": "engine", "ranks": 2, "transport": "shm",
+                                "settings": {"chunk_bytes": 65536}})"));
+  CHECK(e.find("chunk_bytes, which is not an engine knob") != std::string::npos);
+}
+
+const char* kNccl =
+    R"({"collective": "*", "ranks": 2, "transport": "nccl",
+        "settings": {"NCCL_PROTO": "^LL128", "NCCL_BUFFSIZE": 8388608}, "measured": {"gain": 1.07}},
+       {"collective": "*", "ranks": 8, "transport": "nccl", "settings": {"NCCL_ALGO": "Tree"}})";
+
+TEST_CASE("NCCL entries give their settings to communicators of their rank count", "[tuning]") {
+  auto p = std::make_shared<Profile>();
+  REQUIRE(parse_profile("p.json", profile_with(kNccl), p.get()).ok());
+  std::vector<std::string> notes;
+  auto s = nccl_settings(p.get(), 2, &notes);
+  REQUIRE(s.size() == 2);
+  CHECK(s[0].name == "NCCL_BUFFSIZE");  // in the JSON object's order (nlohmann: sorted by name)
+  CHECK(s[0].value == "8388608");
+  CHECK(s[1].value == "^LL128");
+  CHECK(s[0].reason.find("tuning profile p.json entry #0 (*, 2 ranks, nccl)") == 0);
+  CHECK(s[0].reason.find("1.070x") != std::string::npos);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0] == "entry #1 (*, 8 ranks, nccl) ignored: NCCL settings written for 8 ranks, this communicator has 2");
+  CHECK(nccl_settings(p.get(), 4, &notes).empty());
+  CHECK(nccl_settings(nullptr, 2, &notes).empty());
+  // Host communicators do not see them.
+  notes.clear();
+  auto a = Applied::match(p, 2, "shm", &notes);
+  CHECK(notes.empty());
+  CHECK(a->call_entries() == 0);
+}
+
+TEST_CASE("the profile's NCCL settings beat the plan's and never the user's environment", "[tuning]") {
+  std::vector<comm::topology::NcclSetting> plan = {{"NCCL_IB_TIMEOUT", "22", "long-haul links", ""},
+                                                   {"NCCL_BUFFSIZE", "4194304", "plan", ""}};
+  std::vector<comm::topology::NcclSetting> tuned = {{"NCCL_BUFFSIZE", "8388608", "tuning profile entry #0", ""},
+                                                    {"NCCL_PROTO", "Simple", "tuning profile entry #0", ""}};
+  auto merged = comm::topology::merge_nccl_settings(plan, tuned);
+  REQUIRE(merged.size() == 3);
+  CHECK(merged[1].value == "8388608");
+  CHECK(merged[1].reason.find("tuning profile entry #0 (over the topology plan's 4194304") == 0);
+  EnvGuard proto("NCCL_PROTO", "LL"), buff("NCCL_BUFFSIZE", nullptr), ib("NCCL_IB_TIMEOUT", nullptr);
+  auto applied = comm::topology::apply_nccl_settings(merged);
+  CHECK(std::string(std::getenv("NCCL_BUFFSIZE")) == "8388608");
+  CHECK(std::string(std::getenv("NCCL_PROTO")) == "LL");  // the user's
+  CHECK(applied[2].set_by_libcomm == false);
+  CHECK(applied[1].set_by_libcomm);
+}
+
+TEST_CASE("a bad NCCL entry is refused, naming the entry", "[tuning]") {
+  auto nccl = [](const std::string& settings, const std::string& extra = "") {
+    return error_of(profile_with(R"({"collective": "*", "ranks": 2, "transport": "nccl", )" + extra +
+                                 R"("settings": )" + settings + "}"));
+  };
+  CHECK(nccl(R"({"NCCL_PROTO": "LL256"})").find("entry #0 (*, 2 ranks, nccl) NCCL_PROTO=LL256: 'LL256' is not one of "
+                                                "NCCL's protocols") != std::string::npos);
+  CHECK(nccl(R"({"NCCL_ALGO": "Ring,Star"})").find("'Star' is not one of NCCL's algorithms") != std::string::npos);
+  CHECK(nccl(R"({"NCCL_BUFFSIZE": 1024})").find("NCCL_BUFFSIZE=1024 is out of range [4096, 1073741824]") !=
+        std::string::npos);
+  CHECK(nccl(R"({"NCCL_SOCKET_NTHREADS": 16, "NCCL_NSOCKS_PERTHREAD": 8})").find("= 128 is above 64") !=
+        std::string::npos);
+  CHECK(nccl(R"({"NCCL_MIN_CTAS": 8, "NCCL_MAX_CTAS": 4})").find("NCCL_MIN_CTAS=8 is above NCCL_MAX_CTAS=4") !=
+        std::string::npos);
+  CHECK(nccl(R"({"NCCL_NTHREADS": 64})").find("unknown knob 'NCCL_NTHREADS' (NCCL knobs: NCCL_ALGO") !=
+        std::string::npos);
+  CHECK(nccl(R"({"NCCL_ALGO": "Ring"})", R"("min_bytes": 1, )").find("has a size range") != std::string::npos);
+  CHECK(error_of(profile_with(R"({"collective": "*", "ranks": 2, "transport": "shm",
+                                  "settings": {"NCCL_ALGO": "Ring"}})")).find("NCCL's need transport \"nccl\"") !=
+        std::string::npos);
 }

@@ -7,9 +7,27 @@
 
 namespace comm::topology {
 
-std::vector<Applied> apply_nccl_settings(const Plan& plan) {
+std::vector<Applied> apply_nccl_settings(const Plan& plan) { return apply_nccl_settings(plan.nccl); }
+
+std::vector<NcclSetting> merge_nccl_settings(const std::vector<NcclSetting>& plan,
+                                             const std::vector<NcclSetting>& over) {
+  std::vector<NcclSetting> out = plan;
+  for (const auto& o : over) {
+    bool replaced = false;
+    for (auto& s : out)
+      if (s.name == o.name) {
+        s.reason = o.reason + " (over the topology plan's " + s.value + ": " + s.reason + ")";
+        s.value = o.value;
+        replaced = true;
+      }
+    if (!replaced) out.push_back(o);
+  }
+  return out;
+}
+
+std::vector<Applied> apply_nccl_settings(const std::vector<NcclSetting>& settings) {
   std::vector<Applied> out;
-  for (const auto& s : plan.nccl) {
+  for (const auto& s : settings) {
     Applied a{s.name, s.value, false, s.reason};
     // The environment now, not when the plan was made: a user's value always wins.
     if (auto user = params::env(s.name.c_str())) {

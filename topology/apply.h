@@ -20,5 +20,11 @@ struct Applied {
 // Sets each setting the user has not set (never overwriting one), logging each with its reason
 // at COMM_DEBUG=INFO (subsystem ENV). Returns what the environment holds for each afterwards.
 std::vector<Applied> apply_nccl_settings(const Plan& plan);
+std::vector<Applied> apply_nccl_settings(const std::vector<NcclSetting>& settings);
+
+// The plan's settings with `over` (the tuning profile's) replacing those of the same name and
+// added after them: API > environment > profile > plan (DESIGN.md).
+std::vector<NcclSetting> merge_nccl_settings(const std::vector<NcclSetting>& plan,
+                                             const std::vector<NcclSetting>& over);
 
 }  // namespace comm::topology

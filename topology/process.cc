@@ -133,7 +133,7 @@ std::string peer_transport_digest() {
 
 std::string host_transport_for(PeerClass c) { return plan_for_process().peer(c).host_transport; }
 
-void prepare_process(Store* store) {
+void prepare_process(Store* store, const std::vector<NcclSetting>& profile_nccl) {
   static std::once_flag once;
   std::call_once(once, [&] {
     ProcessState& s = state();
@@ -155,13 +155,21 @@ void prepare_process(Store* store) {
                 "round trip to the rendezvous store is %.0f us (> %.0f us): long-haul links; this rank uses "
                 "NCCL_IB_TIMEOUT %d, set COMM_CROSS_ZONE=1 on every rank so that all of them do",
                 *s.rtt_us, config.long_haul_rtt_us, plan.ib.timeout);
-    if (plan.uses_nccl) apply_nccl_settings_once();
+    if (plan.uses_nccl) (void)apply_nccl_settings_once(profile_nccl);
   });
 }
 
-void apply_nccl_settings_once() {
+bool apply_nccl_settings_once(const std::vector<NcclSetting>& profile_nccl) {
   static std::once_flag once;
-  std::call_once(once, [] { (void)apply_nccl_settings(plan_for_process()); });
+  static std::vector<NcclSetting> applied;  // the profile's, as applied by the first call
+  std::call_once(once, [&] {
+    applied = profile_nccl;
+    (void)apply_nccl_settings(merge_nccl_settings(plan_for_process().nccl, profile_nccl));
+  });
+  if (applied.size() != profile_nccl.size()) return false;
+  for (size_t i = 0; i < applied.size(); ++i)
+    if (applied[i].name != profile_nccl[i].name || applied[i].value != profile_nccl[i].value) return false;
+  return true;
 }
 
 }  // namespace comm::topology

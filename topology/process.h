@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "topology/policy.h"
 #include "topology/probe.h"
@@ -29,9 +30,12 @@ std::string host_transport_for(PeerClass c);
 
 // Called from comm_init once the rendezvous store is up, once per process: measures the round trip
 // to the store, plans, logs the plan at COMM_DEBUG=INFO and applies its NCCL_* settings.
-void prepare_process(Store* store);
-// The plan's NCCL_* settings into the environment, once per process (never over the user's):
-// prepare_process does it when the probe saw GPUs, the NCCL backend before NCCL's first init.
-void apply_nccl_settings_once();
+// `profile_nccl`: the tuning profile's NCCL_* settings for this communicator (they beat the plan's).
+void prepare_process(Store* store, const std::vector<NcclSetting>& profile_nccl = {});
+// The plan's NCCL_* settings, with the tuning profile's over them, into the environment, once per
+// process (never over the user's): prepare_process does it when the probe saw GPUs, the NCCL
+// backend before NCCL's first init. Later calls change nothing (NCCL has read its environment).
+// Returns whether `profile_nccl` is what the environment got: applied now, or the same earlier.
+bool apply_nccl_settings_once(const std::vector<NcclSetting>& profile_nccl = {});
 
 }  // namespace comm::topology

@@ -17,6 +17,7 @@
 #include "transports/routed/routed_transport.h"
 #include "transports/shm/shm_transport.h"
 #include "topology/process.h"
+#include "tuning/nccl_settings.h"
 #include "transports/nccl/device.h"
 #include "transports/socket/socket_transport.h"
 #include "transports/ucx/ucx_transport.h"
@@ -328,15 +329,18 @@ void match_tuning(comm_t c) {
   if (!c->settings.profile || c->size == 1) return;
   const tuning::Profile& p = *c->settings.profile;
   for (const auto& n : notes) COMM_INFO(kInit, "comm %s rank %d: tuning: %s", c->id.c_str(), c->rank, n.c_str());
-  if (c->tuning->call_entries() == 0 && c->tuning->comm_settings().empty()) {
+  bool host_entries = false;  // NCCL entries act on NCCL's environment, not on this communicator
+  for (const auto& e : p.entries) host_entries = host_entries || !e.is_nccl();
+  if (!host_entries) return;
+  if (c->tuning->call_entries() == 0 && c->tuning->comm_settings().empty() && c->tuning->engine_entries() == 0) {
     COMM_WARN(kInit, "comm %s rank %d: tuning profile %s has no entry for %d ranks over %s; defaults apply "
               "(COMM_DEBUG=INFO lists the entries and why each is ignored)", c->id.c_str(), c->rank, p.path.c_str(),
               c->size, transport.c_str());
     return;
   }
-  COMM_INFO(kInit, "comm %s rank %d: tuning profile %s (hash %s): %zu per-call entries apply to %d ranks over %s; "
-            "communicator settings: %s", c->id.c_str(), c->rank, p.path.c_str(), p.hash.c_str(),
-            c->tuning->call_entries(), c->size, transport.c_str(),
+  COMM_INFO(kInit, "comm %s rank %d: tuning profile %s (hash %s): %zu per-call entries and %zu engine entries apply "
+            "to %d ranks over %s; communicator settings: %s", c->id.c_str(), c->rank, p.path.c_str(), p.hash.c_str(),
+            c->tuning->call_entries(), c->tuning->engine_entries(), c->size, transport.c_str(),
             c->tuning->comm_settings().empty() ? "none" : c->tuning->comm_settings().c_str());
 }
 
@@ -440,7 +444,11 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   std::string token;
   COMM_RETURN_IF_ERROR(params::get_string("COMM_AUTH_TOKEN", &token));
   COMM_RETURN_IF_ERROR(open_store(id, c->settings.timeout_ms, token, &c->job_store));
-  topology::prepare_process(c->job_store.get());  // once per process: plan, NCCL_* env; never fails
+  // Once per process: plan, NCCL_* env (the profile's over the plan's); never fails.
+  std::vector<std::string> nccl_notes;
+  const auto nccl = tuning::nccl_settings(c->settings.profile.get(), c->size, &nccl_notes);
+  for (const auto& n : nccl_notes) COMM_INFO(kEnv, "rank %d: tuning: %s", c->rank, n.c_str());
+  topology::prepare_process(c->job_store.get(), nccl);
   COMM_RETURN_IF_ERROR(
       agree(*c->job_store, c->rank, c->size, c->settings, &c->secret, &c->all_local, &c->host_of));
   c->world_ranks.resize(static_cast<size_t>(c->size));

@@ -78,6 +78,7 @@ struct comm_s {
   std::atomic<bool> aborted{false};
   std::mutex state_mu;
   comm::Status broken;       // first peer-involving failure; sticky
+  std::atomic<bool> is_broken{false};  // broken is set: the fast path checks this, not the mutex
   comm::Status async_error;  // first failure of a background (non-blocking) operation
 
   // The worker: runs non-blocking calls in issue order. Started on first use.
@@ -85,6 +86,9 @@ struct comm_s {
   std::condition_variable queue_cv;
   std::deque<comm_request_s*> queue;
   bool worker_busy = false;
+  // !queue.empty() || worker_busy, written under queue_mu, read without it by blocking calls
+  // (a call enqueued by this thread is always seen; a worker going idle at that moment is fine).
+  std::atomic<bool> worker_active{false};
   bool worker_stop = false;
   std::thread worker;
   std::vector<comm_request_s*> free_requests;  // recycled, so steady state allocates nothing

@@ -15,6 +15,7 @@ std::string context(comm_t c, const algo::CollArgs& args) {
 Status check_usable(comm_t c) {
   if (c->aborted.load(std::memory_order_acquire))
     return Aborted("rank " + std::to_string(c->rank) + ": the communicator was aborted (comm_abort); destroy it");
+  if (!c->is_broken.load(std::memory_order_acquire)) return Status::Ok();  // no lock per call
   std::lock_guard<std::mutex> lock(c->state_mu);
   return c->broken;
 }
@@ -53,6 +54,7 @@ Status record_failure(comm_t c, Status st) {
     std::lock_guard<std::mutex> lock(c->state_mu);
     if (c->broken.ok()) {
       c->broken = st;
+      c->is_broken.store(true, std::memory_order_release);
       first = true;
     }
   }
@@ -133,8 +135,8 @@ Status execute_p2p_batch(comm_t c, const std::vector<algo::CollArgs>& calls) {
 
 Status run_blocking(comm_t c, algo::CollArgs args) {
   COMM_RETURN_IF_ERROR(check_usable(c));
-  bool worker_active;
-  {
+  bool worker_active = false;
+  if (c->worker_active.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(c->queue_mu);
     worker_active = !c->queue.empty() || c->worker_busy;
   }
@@ -207,6 +209,7 @@ void worker_loop(comm_t c) {
   for (;;) {
     if (c->queue.empty() && inflight.empty()) {
       c->worker_busy = false;
+      c->worker_active.store(false, std::memory_order_release);
       c->queue_cv.notify_all();
       c->queue_cv.wait(lock, [&] { return !c->queue.empty() || c->worker_stop; });
       if (c->queue.empty()) return;  // stop requested and drained
@@ -254,6 +257,7 @@ Status enqueue(comm_t c, algo::CollArgs args, comm_request_s** out) {
     req->done = false;
     req->status = Status::Ok();
     c->queue.push_back(req);
+    c->worker_active.store(true, std::memory_order_release);
     if (!c->worker.joinable()) c->worker = std::thread(worker_loop, c);
     c->queue_cv.notify_all();
     *out = req;

@@ -62,6 +62,11 @@ const std::vector<Param>& all() {
        "shared memory: pipelining chunk (per rank's slice) of the direct all-reduce; its staging rings hold "
        "4 chunks per local rank. Every local rank must use the same value",
        nullptr},
+      {"COMM_SHM_STREAM_BYTES", Type::kInt, "-1",
+       "shared memory: an out-of-place all-reduce of at least this many bytes writes its result into an ordinary "
+       "(not comm_mem_alloc) output buffer with streaming stores, which skip reading the destination first "
+       "(-1: half the L3 cache; 0: always)",
+       nullptr},
       {"COMM_SHM_CMA", Type::kInt, "1",
        "shared memory: 1 = large point-to-point messages are read from the sender's buffer with "
        "process_vm_readv (one copy) when the kernel allows it; 0 = copied through the channel",

@@ -3,7 +3,9 @@
 // max and avg across ranks, avg as NCCL computes it for floats: each input times 1/n, summed; the other collectives as copies at world size 1). Init answers
 // ncclInProgress first, as a nonblocking NCCL does. fake_nccl_set_async_error() makes
 // ncclCommGetAsyncError report an error; fake_nccl_aborts() counts ncclCommAbort calls.
+// FAKE_NCCL_REPORT_ENV=1: each init prints the NCCL_* environment it sees (stderr).
 #include <nccl.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -67,6 +69,12 @@ FAKE ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 FAKE ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
+  // What a real NCCL would read from its environment at this init: FAKE_NCCL_REPORT_ENV=1 prints
+  // every NCCL_* variable, so a test can see what libcomm set before NCCL's first init.
+  if (const char* report = std::getenv("FAKE_NCCL_REPORT_ENV"); report != nullptr && report[0] == '1') {
+    for (char** e = environ; *e != nullptr; ++e)
+      if (std::strncmp(*e, "NCCL_", 5) == 0) std::fprintf(stderr, "fake NCCL init (rank %d): env %s\n", rank, *e);
+  }
   auto* c = new Comm;
   const bool blocking = config == nullptr || config->blocking != 0;  // libcomm asks for nonblocking
   if (blocking) c->init_polls = 0;

@@ -6,6 +6,7 @@
 #include "log.h"
 #include "topology/process.h"
 #include "transports/nccl/state.h"
+#include "tuning/nccl_settings.h"
 
 namespace comm::device {
 namespace {
@@ -87,10 +88,15 @@ Status State::settle(ncclResult_t r, const char* what) {
 }
 
 Status State::create_nccl(int device) {
-  // NCCL reads its environment once, at its first initialisation: the plan's NCCL_* settings
-  // go in before that (never over the user's; prepare_process runs at comm_init, this makes
-  // sure even when the probe saw no GPU).
-  topology::apply_nccl_settings_once();
+  // NCCL reads its environment once, at its first initialisation: the plan's NCCL_* settings and
+  // the tuning profile's go in before that (never over the user's; prepare_process runs at
+  // comm_init, this makes sure even when the probe saw no GPU).
+  std::vector<std::string> notes;
+  const auto tuned = tuning::nccl_settings(comm->settings.profile.get(), comm->size, &notes);
+  if (!topology::apply_nccl_settings_once(tuned) && !tuned.empty())
+    COMM_INFO(kEnv, "%sthe tuning profile's NCCL settings for %d ranks (%s) not applied: this process set NCCL's "
+              "environment for its first NCCL communicator already, and NCCL reads it once",
+              where().c_str(), comm->size, tuned.front().reason.c_str());
   if (device < 0) device = 0;
   cuda_device = device;
   cudaError_t e = cuda->cudaSetDevice(device);

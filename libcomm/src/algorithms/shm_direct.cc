@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "algorithms/stream_copy.h"
+
 #include "log.h"
 #include "params.h"
 
@@ -35,9 +37,21 @@ DirectRun::DirectRun(Context& ctx, const CollArgs& args)
   out_ = static_cast<char*>(args.recvbuf);
 }
 
+// Into this rank's output: from a slot or a peer's result that nothing else writes meanwhile.
+void DirectRun::copy_out(char* dst, const char* src, size_t bytes) const {
+  if (stream_out_)
+    copy_bytes_streaming(dst, src, bytes);
+  else
+    copy_bytes(dst, src, bytes);
+}
+
 Status DirectRun::start() {
   COMM_RETURN_IF_ERROR(la_.begin(args_.tag));
   COMM_RETURN_IF_ERROR(la_.expose(in_, out_, args_.count * esz_, ce_ * esz_));
+  // An ordinary output, out of place, larger than the caches: nobody reads it during the call.
+  const size_t bytes = args_.count * esz_;
+  const bool disjoint = out_ + bytes <= in_ || in_ + bytes <= out_;
+  stream_out_ = la_.mapped_output(me_) == nullptr && disjoint && bytes >= streaming_threshold_bytes();
   if (n_ > 2) {
     void* partial = nullptr;
     COMM_RETURN_IF_ERROR(scratch_get(ctx_, ce_ * esz_, 1, &partial));
@@ -115,7 +129,7 @@ Status DirectRun::gather(uint64_t step) {
     COMM_RETURN_IF_ERROR(la_.wait_mark(p, Mark::kResult, step + 1));
     const size_t off = byte_off(p, step);
     const char* mapped = la_.mapped_output(p);
-    copy_bytes(out_ + off, mapped != nullptr ? mapped + off : la_.out_slot(p, step), l * esz_);
+    copy_out(out_ + off, mapped != nullptr ? mapped + off : la_.out_slot(p, step), l * esz_);
   }
   la_.publish(Mark::kGathered, step + 1);
   return Status::Ok();
@@ -139,7 +153,7 @@ Status DirectRun::run_one_host(int divide_by) {
       char* slot = la_.out_slot(me_, step);
       COMM_RETURN_IF_ERROR(reduce(step, slot, divide_by));
       la_.publish(Mark::kResult, step + 1);
-      copy_bytes(out_ + byte_off(me_, step), slot, len_at(me_, step) * esz_);
+      copy_out(out_ + byte_off(me_, step), slot, len_at(me_, step) * esz_);
     }
     // One step behind: the peers are reducing the step we just did.
     if (step > 0) COMM_RETURN_IF_ERROR(gather(step - 1));
@@ -165,6 +179,9 @@ Status DirectRun::share_and_gather() {
   return Status::Ok();
 }
 
-Status DirectRun::finish() { return la_.finish(); }
+Status DirectRun::finish() {
+  if (stream_out_) streaming_fence();  // the caller (and any later publish) sees the result
+  return la_.finish();
+}
 
 }  // namespace comm::algo

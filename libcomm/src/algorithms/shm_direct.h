@@ -41,6 +41,7 @@ class DirectRun {
   // Copies this rank's result chunk of `step` from its output into its out-slot (peers read it).
   Status share(uint64_t step);
   Status gather(uint64_t step);
+  void copy_out(char* dst, const char* src, size_t bytes) const;
 
   Context& ctx_;
   const CollArgs& args_;
@@ -54,6 +55,7 @@ class DirectRun {
   const char* in_ = nullptr;
   char* out_ = nullptr;
   char* partial_ = nullptr;  // partial sums of more than two ranks (scratch, cache-sized)
+  bool stream_out_ = false;  // results into an ordinary output with streaming stores
 };
 
 size_t shm_chunk_bytes();

@@ -241,6 +241,9 @@ Status Engine::finalize() {
     broken_ = st;
     return st;
   }
+  uint64_t total_bytes = 0;  // the model's gradients: what the profile's engine entries are keyed by
+  for (const auto& p : params_) total_bytes += static_cast<uint64_t>(p.count) * dtype_size(p.dtype);
+  apply_profile(comm_, total_bytes, &opt_);
   std::lock_guard<std::mutex> lock(mu_);
   if (Status built = build(reverse_order(params_.size())); !built.ok()) {
     broken_ = under(built, where("comm_engine_finalize"), rank_);

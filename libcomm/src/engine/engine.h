@@ -23,6 +23,9 @@ namespace comm::engine {
 struct Options {
   size_t bucket_cap_bytes = 25u << 20;
   size_t first_bucket_bytes = 1u << 20;
+  // Where each came from when not the default ("comm_engine_config_t.bucket_cap_bytes",
+  // "COMM_ENGINE_BUCKET_CAP_BYTES=..."): a tuning profile sets only what is still "".
+  std::string bucket_cap_from, first_bucket_from;
   comm_op_t op = COMM_AVG;
   int wire_dtype = COMM_UNSET;  // COMM_UNSET, COMM_FLOAT16, COMM_BFLOAT16
   bool grad_view = false;
@@ -142,6 +145,9 @@ class Engine {
 };
 
 Status resolve_options(const comm_engine_config_t* cfg, Options* out);
+// The tuning profile's engine entry for this model (`total_bytes` of gradients) into `opt`, for
+// the knobs neither the caller nor the environment set; logs at INFO which entry and why.
+void apply_profile(comm_t comm, uint64_t total_bytes, Options* opt);
 
 }  // namespace comm::engine
 

@@ -36,20 +36,25 @@ Status resolve_options(const comm_engine_config_t* in, Options* out) {
   if (cfg.bucket_cap_bytes == COMM_UNSET) {
     COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_BUCKET_CAP_BYTES", 1, INT64_MAX, &v));
     o.bucket_cap_bytes = static_cast<size_t>(v);
+    if (auto env = params::env("COMM_ENGINE_BUCKET_CAP_BYTES")) o.bucket_cap_from = "COMM_ENGINE_BUCKET_CAP_BYTES=" + *env;
   } else if (cfg.bucket_cap_bytes <= 0) {
     return InvalidArgument("comm_engine_create: bucket_cap_bytes = " + std::to_string(cfg.bucket_cap_bytes) +
                            " must be > 0 (or COMM_UNSET for 25 MiB)");
   } else {
     o.bucket_cap_bytes = static_cast<size_t>(cfg.bucket_cap_bytes);
+    o.bucket_cap_from = "comm_engine_config_t.bucket_cap_bytes=" + std::to_string(cfg.bucket_cap_bytes);
   }
   if (cfg.first_bucket_bytes == COMM_UNSET) {
     COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_FIRST_BUCKET_BYTES", 1, INT64_MAX, &v));
     o.first_bucket_bytes = static_cast<size_t>(v);
+    if (auto env = params::env("COMM_ENGINE_FIRST_BUCKET_BYTES"))
+      o.first_bucket_from = "COMM_ENGINE_FIRST_BUCKET_BYTES=" + *env;
   } else if (cfg.first_bucket_bytes <= 0) {
     return InvalidArgument("comm_engine_create: first_bucket_bytes = " + std::to_string(cfg.first_bucket_bytes) +
                            " must be > 0 (or COMM_UNSET for 1 MiB)");
   } else {
     o.first_bucket_bytes = static_cast<size_t>(cfg.first_bucket_bytes);
+    o.first_bucket_from = "comm_engine_config_t.first_bucket_bytes=" + std::to_string(cfg.first_bucket_bytes);
   }
   if (cfg.op != COMM_UNSET) {
     if (!op_valid(cfg.op))

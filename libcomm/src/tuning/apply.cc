@@ -29,12 +29,17 @@ std::shared_ptr<const Applied> Applied::match(std::shared_ptr<const Profile> pro
     return false;
   };
   for (const Entry& e : profile->entries) {
+    if (e.is_nccl()) continue;  // the NCCL backend's, once per process (nccl_settings.cc says which)
     if (e.ranks != ranks || e.transport != transport) {
       notes->push_back(e.label() + " ignored: written for " + std::to_string(e.ranks) + " ranks over " + e.transport +
                        ", this communicator has " + std::to_string(ranks) + " ranks over " + transport);
       continue;
     }
     const Settings& s = e.settings;
+    if (e.is_engine()) {  // a gradient engine on this communicator picks one at comm_engine_finalize
+      a->engine_.push_back(&e);
+      continue;
+    }
     if (e.collective == "*") {
       if (s.shm_slot_bytes && !a->shm_slot_bytes_ && keep(e, "shm_slot_bytes", std::to_string(s.shm_slot_bytes)))
         a->shm_slot_bytes_ = s.shm_slot_bytes;

@@ -40,6 +40,13 @@ class Applied {
       if (t->kind == kind && bytes >= t->min_bytes && bytes <= t->max_bytes) return t.get();
     return nullptr;
   }
+  // The first engine entry (file order) whose gradient-byte range holds `total_bytes`, or nullptr.
+  const Entry* for_engine(uint64_t total_bytes) const {
+    for (const Entry* e : engine_)
+      if (total_bytes >= e->min_bytes && total_bytes <= e->max_bytes) return e;
+    return nullptr;
+  }
+  size_t engine_entries() const { return engine_.size(); }
   int64_t shm_slot_bytes() const { return shm_slot_bytes_; }  // 0: not set by the profile
   int64_t socket_nconns() const { return socket_nconns_; }
   const std::string& comm_settings() const { return comm_applied_; }
@@ -49,6 +56,7 @@ class Applied {
  private:
   std::shared_ptr<const Profile> profile_;
   std::vector<std::unique_ptr<CallTuning>> calls_;
+  std::vector<const Entry*> engine_;  // engine entries for this rank count and transport
   int64_t shm_slot_bytes_ = 0, socket_nconns_ = 0;
   std::string comm_applied_;
 };

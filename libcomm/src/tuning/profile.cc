@@ -56,21 +56,28 @@ class EntryParser {
         return fail("has an unknown field '" + key +
                     "' (fields: collective, ranks, transport, min_bytes, max_bytes, settings, measured)");
     COMM_RETURN_IF_ERROR(string_field("collective", &e_.collective));
-    if (e_.collective != "*") {
+    if (e_.collective != "*" && e_.collective != "engine") {
       for (CollKind k : kTunable)
         if (e_.collective == transport::coll_name(k)) e_.kind = k;
       if (e_.kind == CollKind::kInternal)
         return fail("collective '" + e_.collective +
-                    "' is not tunable; use allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall or *");
+                    "' is not tunable; use allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall, * "
+                    "(communicator or NCCL knobs) or engine (the gradient engine's buckets)");
     }
     int64_t ranks = 0;
     COMM_RETURN_IF_ERROR(int_field("ranks", 1, 1 << 24, true, &ranks));
     e_.ranks = static_cast<int>(ranks);
     COMM_RETURN_IF_ERROR(string_field("transport", &e_.transport));
-    // The names comm.cc's profile_transport() gives a communicator.
+    // The names comm.cc's profile_transport() gives a communicator, and NCCL's settings.
     if (e_.transport != "shm" && e_.transport != "socket" && e_.transport != "shm+socket" && e_.transport != "ucx" &&
-        e_.transport != "shm+ucx" && e_.transport != "socket+ucx")
-      return fail("transport '" + e_.transport + "' is unknown; use shm, socket, ucx, shm+socket, shm+ucx or socket+ucx");
+        e_.transport != "shm+ucx" && e_.transport != "socket+ucx" && e_.transport != "nccl")
+      return fail("transport '" + e_.transport +
+                  "' is unknown; use shm, socket, ucx, shm+socket, shm+ucx, socket+ucx or nccl (NCCL_* settings)");
+    // NCCL reads its environment once per process: its settings cannot depend on a call.
+    if (e_.is_nccl() && e_.collective != "*")
+      return fail("sets NCCL's environment, which NCCL reads once per process: use collective \"*\"");
+    if (e_.is_nccl() && (j_.contains("min_bytes") || j_.contains("max_bytes")))
+      return fail("has a size range, but NCCL's settings hold for every size (NCCL reads them once per process)");
     int64_t lo = 0, hi = INT64_MAX;
     COMM_RETURN_IF_ERROR(int_field("min_bytes", 0, INT64_MAX, false, &lo));
     COMM_RETURN_IF_ERROR(int_field("max_bytes", 0, INT64_MAX, false, &hi));
@@ -120,14 +127,27 @@ class EntryParser {
   Status settings() {
     if (!j_.contains("settings") || !j_["settings"].is_object() || j_["settings"].empty())
       return fail("needs 'settings', an object with at least one knob");
+    const std::vector<Knob>& table = e_.is_nccl() ? nccl_knobs() : knobs();
     std::string known;
-      for (const auto& k : knobs()) {
+    for (const auto& k : table) {
       if (!known.empty()) known += ", ";
       known += k.name;
     }
     for (const auto& [name, value] : j_["settings"].items()) {
-      const Knob* k = find_knob(name);
-      if (k == nullptr) return fail("sets the unknown knob '" + name + "' (knobs: " + known + ")");
+      const Knob* k = nullptr;
+      for (const auto& t : table)
+        if (name == t.name) k = &t;
+      if (k == nullptr)
+        return fail("sets the unknown knob '" + name + "' (" + (e_.is_nccl() ? "NCCL knobs: " : "knobs: ") + known +
+                    (e_.is_nccl() || name.rfind("NCCL_", 0) != 0 ? ")" : "; NCCL's need transport \"nccl\")"));
+      if (k->scope == Scope::kNccl) {
+        COMM_RETURN_IF_ERROR(nccl_value(*k, value));
+        continue;
+      }
+      if (k->scope == Scope::kEngine && !e_.is_engine())
+        return fail("sets " + name + ", which acts on the gradient engine: put it in an entry with collective \"engine\"");
+      if (k->scope != Scope::kEngine && e_.is_engine())
+        return fail("sets " + name + ", which is not an engine knob (engine knobs: bucket_cap_bytes, first_bucket_bytes)");
       if (k->scope == Scope::kCommunicator && e_.collective != "*")
         return fail("sets " + name + ", which acts on the whole communicator: put it in an entry with collective \"*\"");
       if (k->scope == Scope::kCall && e_.collective == "*")
@@ -150,7 +170,67 @@ class EntryParser {
       if (name == "shm_chunk_bytes") e_.settings.shm_chunk_bytes = x;
       if (name == "shm_slot_bytes") e_.settings.shm_slot_bytes = x;
       if (name == "socket_nconns") e_.settings.socket_nconns = x;
+      if (name == "bucket_cap_bytes") e_.settings.bucket_cap_bytes = x;
+      if (name == "first_bucket_bytes") e_.settings.first_bucket_bytes = x;
     }
+    return e_.is_nccl() ? nccl_combination() : Status::Ok();
+  }
+
+  // NCCL_ALGO/NCCL_PROTO: names NCCL knows ("^" excludes, a comma list, "coll:Name" per
+  // collective, as NCCL reads them); the others integers in NCCL's ranges.
+  Status nccl_value(const Knob& k, const json& value) {
+    const std::string name = k.name;
+    if (name == "NCCL_ALGO" || name == "NCCL_PROTO") {
+      if (!value.is_string()) return fail(name + " is not a string");
+      static const char* const kAlgos[] = {"Tree", "Ring", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT"};
+      static const char* const kProtos[] = {"LL", "LL128", "Simple"};
+      const std::string text = value.get<std::string>();
+      std::string list = text[0] == '^' ? text.substr(1) : text;
+      size_t start = 0;
+      while (start <= list.size()) {
+        size_t end = list.find(',', start);
+        if (end == std::string::npos) end = list.size();
+        std::string item = list.substr(start, end - start);
+        if (auto colon = item.rfind(':'); colon != std::string::npos) item = item.substr(colon + 1);
+        bool ok = false;
+        if (name == "NCCL_ALGO") {
+          for (const char* a : kAlgos) ok = ok || item == a;
+        } else {
+          for (const char* p : kProtos) ok = ok || item == p;
+        }
+        if (!ok)
+          return fail(name + "=" + text + ": '" + item + "' is not one of NCCL's " +
+                      (name == "NCCL_ALGO" ? "algorithms (Tree, Ring, CollnetDirect, CollnetChain, NVLS, NVLSTree, PAT)"
+                                           : "protocols (LL, LL128, Simple)"));
+        start = end + 1;
+      }
+      e_.settings.nccl.emplace_back(name, text);
+      return Status::Ok();
+    }
+    if (!value.is_number_integer()) return fail(name + " is not an integer");
+    const bool too_big = value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(k.max);
+    const int64_t x = too_big ? k.max + 1 : value.get<int64_t>();
+    if (too_big || x < k.min || x > k.max)
+      return fail(name + "=" + value.dump() + " is out of range [" + std::to_string(k.min) + ", " +
+                  std::to_string(k.max) + "]");
+    e_.settings.nccl.emplace_back(name, std::to_string(x));
+    return Status::Ok();
+  }
+
+  // What NCCL refuses in combination (comm-tune's grid.validate_nccl says the same).
+  Status nccl_combination() {
+    auto get = [&](const char* name) -> int64_t {
+      for (const auto& [n, v] : e_.settings.nccl)
+        if (n == name) return std::stoll(v);
+      return -1;
+    };
+    const int64_t nt = get("NCCL_SOCKET_NTHREADS"), ns = get("NCCL_NSOCKS_PERTHREAD");
+    if (nt > 0 && ns > 0 && nt * ns > 64)
+      return fail("NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD = " + std::to_string(nt * ns) +
+                  " is above 64, which NCCL refuses");
+    for (auto [lo, hi] : {std::pair{"NCCL_MIN_CTAS", "NCCL_MAX_CTAS"}, std::pair{"NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"}})
+      if (get(lo) > 0 && get(hi) > 0 && get(lo) > get(hi))
+        return fail(std::string(lo) + "=" + std::to_string(get(lo)) + " is above " + hi + "=" + std::to_string(get(hi)));
     return Status::Ok();
   }
 
@@ -173,6 +253,27 @@ const std::vector<Knob>& knobs() {
       {"shm_slot_bytes", "COMM_SHM_SLOT_BYTES", Scope::kCommunicator, 64, 16 << 20,
        "shared-memory slot per rank: all-reduce up to this size goes through the slots"},
       {"socket_nconns", "COMM_SOCKET_NCONNS", Scope::kCommunicator, 1, 8, "TCP connections per peer"},
+      {"bucket_cap_bytes", "COMM_ENGINE_BUCKET_CAP_BYTES", Scope::kEngine, 1, int64_t{1} << 40,
+       "gradient engine: bucket size limit (comm_engine_config_t.bucket_cap_bytes beats it too)"},
+      {"first_bucket_bytes", "COMM_ENGINE_FIRST_BUCKET_BYTES", Scope::kEngine, 1, int64_t{1} << 40,
+       "gradient engine: limit of the first bucket (comm_engine_config_t.first_bucket_bytes beats it too)"},
+  };
+  return table;
+}
+
+const std::vector<Knob>& nccl_knobs() {
+  // NCCL's own names and ranges; the user's environment beats each (apply_nccl_settings).
+  static const std::vector<Knob> table = {
+      {"NCCL_ALGO", "NCCL_ALGO", Scope::kNccl, 0, 0, "NCCL's algorithms (Tree, Ring, ...; ^ excludes)"},
+      {"NCCL_PROTO", "NCCL_PROTO", Scope::kNccl, 0, 0, "NCCL's protocols (LL, LL128, Simple; ^ excludes)"},
+      {"NCCL_MIN_CTAS", "NCCL_MIN_CTAS", Scope::kNccl, 1, 64, "fewest CTAs (channels) per collective"},
+      {"NCCL_MAX_CTAS", "NCCL_MAX_CTAS", Scope::kNccl, 1, 64, "most CTAs (channels) per collective"},
+      {"NCCL_MIN_NCHANNELS", "NCCL_MIN_NCHANNELS", Scope::kNccl, 1, 64, "fewest channels (NCCL before 2.17)"},
+      {"NCCL_MAX_NCHANNELS", "NCCL_MAX_NCHANNELS", Scope::kNccl, 1, 64, "most channels (NCCL before 2.17)"},
+      {"NCCL_BUFFSIZE", "NCCL_BUFFSIZE", Scope::kNccl, int64_t{1} << 12, int64_t{1} << 30, "buffer per channel"},
+      {"NCCL_SOCKET_NTHREADS", "NCCL_SOCKET_NTHREADS", Scope::kNccl, 1, 16, "socket helper threads per connection"},
+      {"NCCL_NSOCKS_PERTHREAD", "NCCL_NSOCKS_PERTHREAD", Scope::kNccl, 1, 64, "sockets per helper thread"},
+      {"NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_QPS_PER_CONNECTION", Scope::kNccl, 1, 128, "IB queue pairs per connection"},
   };
   return table;
 }
@@ -196,6 +297,9 @@ std::string Settings::describe() const {
   if (shm_chunk_bytes) add("shm_chunk_bytes", std::to_string(shm_chunk_bytes));
   if (shm_slot_bytes) add("shm_slot_bytes", std::to_string(shm_slot_bytes));
   if (socket_nconns) add("socket_nconns", std::to_string(socket_nconns));
+  if (bucket_cap_bytes) add("bucket_cap_bytes", std::to_string(bucket_cap_bytes));
+  if (first_bucket_bytes) add("first_bucket_bytes", std::to_string(first_bucket_bytes));
+  for (const auto& [name, value] : nccl) add(name.c_str(), value);
   return text;
 }
 
@@ -208,7 +312,7 @@ std::string Entry::label() const {
     text += std::to_string(min_bytes);
     text += "..";
     if (max_bytes != UINT64_MAX) text += std::to_string(max_bytes);
-    text += " bytes";
+    text += is_engine() ? " gradient bytes" : " bytes";
   }
   text += ')';
   return text;

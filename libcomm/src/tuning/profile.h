@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "status.h"
@@ -17,9 +18,11 @@ namespace comm::tuning {
 
 using transport::CollKind;
 
-// Where a knob acts: on each call (chosen per collective and size), or on the whole
-// communicator (fixed when its transport is set up).
-enum class Scope { kCall, kCommunicator };
+// Where a knob acts: on each call (chosen per collective and size), on the whole communicator
+// (fixed when its transport is set up), on a gradient engine (its bucket layout, chosen by the
+// model's gradient bytes at comm_engine_finalize), or on NCCL (its environment, once per process,
+// before NCCL's first init).
+enum class Scope { kCall, kCommunicator, kEngine, kNccl };
 
 struct Knob {
   const char* name;    // as written in the profile
@@ -32,6 +35,8 @@ struct Knob {
 // Every knob a profile may set; each one is honoured by the runtime (see README.md).
 const std::vector<Knob>& knobs();
 const Knob* find_knob(const std::string& name);
+// NCCL's knobs a profile may set (transport "nccl"); the same table comm-tune validates with.
+const std::vector<Knob>& nccl_knobs();
 
 struct Settings {
   std::string algo;                     // "" = not set
@@ -39,20 +44,26 @@ struct Settings {
   int64_t shm_chunk_bytes = 0;
   int64_t shm_slot_bytes = 0;
   int64_t socket_nconns = 0;
+  int64_t bucket_cap_bytes = 0;         // engine entries
+  int64_t first_bucket_bytes = 0;
+  std::vector<std::pair<std::string, std::string>> nccl;  // NCCL_* name, value (nccl entries)
   std::string describe() const;         // "algo=ring chunk_bytes=65536"
   bool empty() const { return describe().empty(); }
 };
 
 struct Entry {
   int index = 0;                        // position in "entries", for messages ("entry #3")
-  std::string collective;               // allreduce ... alltoall, or "*" (communicator knobs)
+  std::string collective;               // allreduce ... alltoall, "*" (communicator or NCCL knobs), "engine"
   CollKind kind = CollKind::kInternal;  // kInternal for "*"
   int ranks = 0;
-  std::string transport;                // shm, socket, ucx, shm+socket, shm+ucx, socket+ucx
-  uint64_t min_bytes = 0, max_bytes = UINT64_MAX;  // inclusive, comm-bench's "size" of a call
+  std::string transport;                // shm, socket, ucx, shm+socket, shm+ucx, socket+ucx; nccl
+  uint64_t min_bytes = 0, max_bytes = UINT64_MAX;  // inclusive: a call's comm-bench "size", or an
+                                                   // engine's gradient bytes (every parameter)
   Settings settings;
   double gain = 0;                      // measured busbw / default busbw (informational)
   std::string label() const;            // "entry #3 (allreduce, 4 ranks, shm, 1048576..4194304 bytes)"
+  bool is_engine() const { return collective == "engine"; }
+  bool is_nccl() const { return transport == "nccl"; }
 };
 
 struct Profile {

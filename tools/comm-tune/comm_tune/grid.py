@@ -11,6 +11,9 @@ LIBCOMM_KNOBS = {
     "shm_chunk_bytes": ("COMM_SHM_CHUNK_BYTES", "call", 4096, 1 << 30),
     "shm_slot_bytes": ("COMM_SHM_SLOT_BYTES", "communicator", 64, 16 << 20),
     "socket_nconns": ("COMM_SOCKET_NCONNS", "communicator", 1, 8),
+    # The gradient engine's (--engine: measured through engine-bench, keyed by the model's bytes).
+    "bucket_cap_bytes": ("COMM_ENGINE_BUCKET_CAP_BYTES", "engine", 1, 1 << 40),
+    "first_bucket_bytes": ("COMM_ENGINE_FIRST_BUCKET_BYTES", "engine", 1, 1 << 40),
 }
 
 # NCCL's knobs, with what NCCL accepts. They are set in the environment of fresh ranks, since
@@ -65,13 +68,17 @@ def product(axes):
     return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
 
 
-def validate_libcomm(setting, algos):
-    """Why `setting` is not a valid libcomm setting, or None. `algos`: names the runtime has."""
+def validate_libcomm(setting, algos, engine=False):
+    """Why `setting` is not a valid libcomm setting, or None. `algos`: names the runtime has;
+    `engine`: the sweep runs engine-bench (--engine), whose knobs are the engine's only."""
     scopes = set()
     for knob, value in setting.items():
         if knob not in LIBCOMM_KNOBS:
             return f"unknown knob '{knob}' (libcomm knobs: {', '.join(LIBCOMM_KNOBS)}; NCCL's need --nccl)"
         _, scope, lo, hi = LIBCOMM_KNOBS[knob]
+        if (scope == "engine") != engine:
+            return (f"{knob} is an engine knob: sweep it with --engine (engine-bench)" if scope == "engine" else
+                    f"{knob} is not an engine knob (--engine sweeps bucket_cap_bytes, first_bucket_bytes)")
         scopes.add(scope)
         if knob == "algo":
             if algos and value not in algos:
@@ -122,7 +129,11 @@ def slug(setting):
 
 
 def scope(setting):
-    return "communicator" if any(LIBCOMM_KNOBS.get(k, ("", "call"))[1] == "communicator" for k in setting) else "call"
+    """call, communicator or engine; NCCL's settings act on the whole process, as communicator knobs do."""
+    if any(k.startswith("NCCL_") for k in setting):
+        return "communicator"
+    scopes = {LIBCOMM_KNOBS.get(k, ("", "call"))[1] for k in setting}
+    return "engine" if "engine" in scopes else "communicator" if "communicator" in scopes else "call"
 
 
 # The algorithm registry's names per collective (libcomm/src/algorithms/registry.cc); libcomm

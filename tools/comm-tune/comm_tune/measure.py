@@ -1,8 +1,10 @@
-"""One measurement: a job of fresh ranks through the launcher, running comm-bench over the sizes;
-an alternating run pairs a setting with the default, job after job, and is cached per setting."""
+"""One measurement: a job of fresh ranks through the launcher, running comm-bench over the sizes
+(or engine-bench once per model, --engine); an alternating run pairs a setting with the default,
+job after job, and is cached per setting."""
 import hashlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -47,6 +49,7 @@ class Runner:
         # The sweep measures against libcomm's defaults, not against a profile already in use.
         self.env.pop("COMM_TUNING_FILE", None)
         self.env.setdefault("COMM_TIMEOUT_MS", "30000")
+        self.last_engine_rows = {}  # per model: engine-bench's last row (the calibration's compute time)
 
     def command(self, out_json):
         a = self.args
@@ -59,11 +62,48 @@ class Runner:
             cmd += ["-G", "1"]  # device buffers and a stream: the NCCL path
         return cmd
 
+    def engine_command(self, model):
+        a = self.args
+        launcher = [part.replace("{ranks}", str(a.ranks_now)) for part in a.launcher]
+        layers, d_model, vocab = model
+        cmd = launcher + [a.bench, "--layers", str(layers), "--d-model", str(d_model), "--vocab", str(vocab),
+                          "--iters", str(a.iters), "--warmup", str(a.warmup)]
+        compute = a.compute_ms.get(model_key(model)) if isinstance(a.compute_ms, dict) else None
+        if compute is not None:
+            cmd += ["--compute-ms", f"{compute:.3f}"]
+        return cmd
+
+    def engine_job(self, setting, what, env):
+        """Steps per second (1000 / engine-bench's median step_ms) per model, keyed by the model's
+        gradient bytes; one engine-bench run per model, each in fresh ranks."""
+        t0 = time.monotonic()
+        out = {}
+        for model in self.args.models:
+            try:
+                proc = subprocess.run(self.engine_command(model), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, timeout=self.args.job_timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{what}: the job ran past --job-timeout {self.args.job_timeout} s")
+            row = engine_row(proc.stdout)
+            if proc.returncode != 0 or row is None:
+                tail = "\n".join(proc.stdout.strip().splitlines()[-6:])
+                if "UNAVAILABLE" in proc.stdout:
+                    raise Unavailable(tail)
+                raise RuntimeError(f"{what}: the job failed (exit {proc.returncode}):\n{tail}")
+            out[str(model_bytes(model))] = 1000.0 / row["step_ms"] if row["step_ms"] > 0 else 0.0
+            self.last_engine_rows[model_key(model)] = row
+        if self.progress:
+            self.progress.job_done(time.monotonic() - t0, what)
+        return out
+
     def job(self, setting, what, extra_env=None):
-        """busbw (GB/s) per size for one job of fresh ranks with `setting` in their environment."""
+        """busbw (GB/s) per size for one job of fresh ranks with `setting` in their environment
+        (--engine: steps per second per model)."""
         env = dict(self.env)
         env.update(grid.environment(setting, self.args.nccl))
         env.update(extra_env or {})
+        if getattr(self.args, "engine", False):
+            return self.engine_job(setting, what, env)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "bench.json")
             t0 = time.monotonic()
@@ -86,6 +126,8 @@ class Runner:
     def fingerprint(self, phase, repeats):
         a = self.args
         key = [a.bench, a.launcher, a.ranks_now, a.transport, a.collective, a.sizes, a.iters, a.warmup, phase, repeats]
+        if getattr(a, "engine", False):
+            key.append(sorted(a.compute_ms.items()) if isinstance(a.compute_ms, dict) else a.compute_ms)
         return hashlib.sha1(json.dumps(key).encode()).hexdigest()[:16]
 
     def alternating(self, setting, repeats, phase):
@@ -116,12 +158,38 @@ class Runner:
         return run, False
 
 
+def model_key(model):
+    return "x".join(str(v) for v in model)
+
+
+def model_bytes(model):
+    """Gradient bytes of engine-bench's layer list (float32): the embedding, per block
+    12 d^2 + 13 d (attention, MLP, norms, biases), and the final norm."""
+    layers, d, vocab = model
+    return 4 * (vocab * d + layers * (12 * d * d + 13 * d) + 2 * d)
+
+
+def engine_row(text):
+    """engine-bench's result row (after the header that starts with 'ranks'), as numbers."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        cols = line.split()
+        if cols[:3] == ["ranks", "compute_ms", "comm_ms"]:
+            values = lines[i + 1].split()
+            if len(values) == len(cols) and re.match(r"^\d+$", values[0]):
+                return {c: float(v) for c, v in zip(cols, values)}
+    return None
+
+
 def busbw_by_size(result):
     """busbw of the faster placement (out-of-place or in-place) per size: a one-time cost inside
-    a job (a first use, a descheduled rank) then does not decide a comparison between jobs."""
+    a job (a first use, a descheduled rank) then does not decide a comparison between jobs.
+    At 1 rank (gpu-check's NCCL sweep on one GPU) algbw, since busbw is 0 there."""
     rows = {}
     for row in result["rows"]:
-        rows[str(row["size"])] = max(row["out_of_place"]["busbw"], row["in_place"]["busbw"])
+        # busbw is 0 at 1 rank (2(n-1)/n): the ratio of two zeros says nothing, algbw does.
+        key = "busbw" if row["out_of_place"]["busbw"] > 0 or row["in_place"]["busbw"] > 0 else "algbw"
+        rows[str(row["size"])] = max(row["out_of_place"][key], row["in_place"][key])
     return rows
 
 

@@ -15,9 +15,10 @@ def size_range(sizes, first, last):
     return lo, hi
 
 
-def call_entries(collective, ranks, transport, sizes, winners):
+def call_entries(collective, ranks, transport, sizes, winners, metric="busbw"):
     """winners: {size: (setting, sweep stats, confirm stats)}; consecutive sizes with the same
-    setting become one entry."""
+    setting become one entry. collective "engine": the sizes are models' gradient bytes and the
+    metric is steps per second."""
     entries, run = [], []
 
     def flush():
@@ -34,8 +35,8 @@ def call_entries(collective, ranks, transport, sizes, winners):
                 "sweep_gain": [round(winners[s][1]["gain"], 4) for s in run],
                 "confirm_gain": [round(c["gain"], 4) for c in confirmed],
                 "spread": [round(max(winners[s][1]["spread"], winners[s][2]["spread"]), 4) for s in run],
-                "default_busbw": [round(c["default_busbw"], 4) for c in confirmed],
-                "busbw": [round(c["busbw"], 4) for c in confirmed],
+                "default_" + metric: [round(c["default_busbw"], 4) for c in confirmed],
+                metric: [round(c["busbw"], 4) for c in confirmed],
                 "sizes": run[:],
             },
         })
@@ -68,7 +69,9 @@ def document(entries, meta):
 
 def transport_name(transport, hosts, ranks):
     """The profile's transport for a sweep: what libcomm's matcher calls the communicator
-    (one rank per host, as under netsim, is "socket")."""
+    (one rank per host, as under netsim, is "socket"; NCCL's settings are "nccl")."""
+    if transport == "nccl":
+        return "nccl"
     if transport == "socket" or hosts >= ranks:
         return "socket"
     return "shm" if hosts == 1 else "shm+socket"

@@ -10,10 +10,10 @@ def human(n):
     return str(n)
 
 
-def table(ranks, sizes, results, verdicts):
+def table(ranks, sizes, results, verdicts, metric="busbw"):
     """results: {setting name: {size: stats}}; verdicts: {size: (best name or None, text)}."""
     lines = [f"### {ranks} ranks", "",
-             "| size | default busbw | best setting | its busbw | gain (median ratio) | spread | verdict |",
+             f"| size | default {metric} | best setting | its {metric} | gain (median ratio) | spread | verdict |",
              "|---:|---:|---|---:|---:|---:|---|"]
     for size in sizes:
         best, verdict = verdicts[size]
@@ -27,7 +27,7 @@ def table(ranks, sizes, results, verdicts):
     return "\n".join(lines) + "\n"
 
 
-def heatmap(path_stem, title, sizes, results):
+def heatmap(path_stem, title, sizes, results, metric="busbw", ylabel="message size (bytes)"):
     """Writes path_stem.png and .svg; returns the two paths (none without matplotlib)."""
     try:
         import matplotlib
@@ -46,13 +46,13 @@ def heatmap(path_stem, title, sizes, results):
     ax.set_xticks(range(len(names)), [n.replace(" ", "\n").replace("=", "=\n") for n in names], fontsize=7)
     ax.set_yticks(range(len(sizes)), [human(s) for s in sizes], fontsize=8)
     ax.set_xlabel("setting")
-    ax.set_ylabel("message size (bytes)")
+    ax.set_ylabel(ylabel)
     for i, s in enumerate(sizes):
         for j, n in enumerate(names):
             st = results[n][s]
             mark = "*" if st["significant"] else ""
             ax.text(j, i, f"{st['gain']:.2f}{mark}", ha="center", va="center", fontsize=7)
-    fig.colorbar(im, ax=ax, label="busbw / default busbw (same run, alternating)")
+    fig.colorbar(im, ax=ax, label=f"{metric} / default {metric} (same run, alternating)")
     ax.set_title(title + "\n* = gain above the spread in every pair", fontsize=9)
     fig.tight_layout()
     paths = [path_stem + ".png", path_stem + ".svg"]
