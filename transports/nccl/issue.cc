@@ -72,6 +72,7 @@ Status State::fail(Status st) {
     std::lock_guard<std::mutex> lock(comm->state_mu);
     if (comm->broken.ok()) {
       comm->broken = st;
+      comm->is_broken.store(true, std::memory_order_release);  // check_usable reads only this
       first = true;
     }
   }
