@@ -35,6 +35,9 @@ const std::vector<Param>& all() {
       {"COMM_ALGO", Type::kString, "",
        "force an algorithm, e.g. ring or recursive_doubling (falls back when it cannot run)", nullptr},
       {"COMM_CHUNK_BYTES", Type::kInt, "524288", "pipelining chunk of the ring algorithms", nullptr},
+      {"COMM_RING_DEPTH", Type::kInt, "2",
+       "ring algorithms: chunks in flight each way (receives posted ahead of the one being reduced, sends not yet "
+       "retired), 2..4", nullptr},
       {"COMM_SMALL_MSG_BYTES", Type::kInt, "65536",
        "all-reduce up to this size uses the latency algorithm (recursive doubling)", nullptr},
       // the gradient engine (libcomm/src/engine/)

@@ -56,7 +56,7 @@ Status exchange(Context& ctx, const CollArgs& args, int send_peer, const void* s
 }
 
 Status SendWindow::post(int peer, const transport::OpTag& tag, const void* buf, size_t bytes, long idx) {
-  if (count_ == kMax) COMM_RETURN_IF_ERROR(retire_oldest());
+  if (count_ == depth_) COMM_RETURN_IF_ERROR(retire_oldest());
   int slot = (head_ + count_) % kMax;
   COMM_RETURN_IF_ERROR(t_.isend(peer, tag, buf, bytes, &ids_[slot]));
   idx_[slot] = idx;

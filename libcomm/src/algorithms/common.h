@@ -67,8 +67,8 @@ Status exchange(Context& ctx, const CollArgs& args, int send_peer, const void* s
 // request pool however many chunks a call has).
 class SendWindow {
  public:
-  static constexpr int kMax = 2;
-  explicit SendWindow(transport::Transport& t) : t_(t) {}
+  static constexpr int kMax = 8;
+  explicit SendWindow(transport::Transport& t, int depth = 2) : t_(t), depth_(depth < 1 ? 1 : depth > kMax ? kMax : depth) {}
   // Posts a send tagged with the caller's sequence index `idx` (increasing).
   Status post(int peer, const transport::OpTag& tag, const void* buf, size_t bytes, long idx);
   Status retire_oldest();
@@ -78,6 +78,7 @@ class SendWindow {
 
  private:
   transport::Transport& t_;
+  int depth_ = 2;
   transport::RequestId ids_[kMax] = {};
   long idx_[kMax] = {};
   int head_ = 0;

@@ -1,5 +1,8 @@
 #include "algorithms/ring_pipeline.h"
 
+#include "log.h"
+#include "params.h"
+
 namespace comm::algo {
 
 namespace {
@@ -18,8 +21,21 @@ struct Item {
 
 class RingRun {
  public:
+  // COMM_RING_DEPTH: chunks in flight each way (receives posted ahead, sends not yet retired).
+  static int depth_param() {
+    static const int d = [] {
+      int64_t v = 2;
+      Status st = params::get_int("COMM_RING_DEPTH", 2, 4, &v);
+      if (!st.ok()) {
+        COMM_WARN(kAlg, "%s; using 2", st.message().c_str());
+        v = 2;
+      }
+      return static_cast<int>(v);
+    }();
+    return d;
+  }
   RingRun(Context& ctx, const CollArgs& args, const RingJob& job)
-      : ctx_(ctx), args_(args), job_(job), sends_(ctx.transport) {}
+      : ctx_(ctx), args_(args), job_(job), depth_(depth_param()), sends_(ctx.transport, depth_param()) {}
 
   Status run() {
     const int n = ctx_.size;
@@ -34,20 +50,20 @@ class RingRun {
     fn_ = reduce_fn(args_.dtype, args_.op);
     if (job_.rs_steps > 0) {
       void* staging = nullptr;
-      COMM_RETURN_IF_ERROR(scratch_get(ctx_, 2 * ce_ * esz_, 0, &staging));
-      staging_[0] = static_cast<char*>(staging);
-      staging_[1] = staging_[0] + ce_ * esz_;
+      COMM_RETURN_IF_ERROR(scratch_get(ctx_, static_cast<size_t>(depth_) * ce_ * esz_, 0, &staging));
+      for (int i = 0; i < depth_; ++i) staging_[i] = static_cast<char*>(staging) + static_cast<size_t>(i) * ce_ * esz_;
     }
     const long total = nchunks_ * (job_.rs_steps + job_.ag_steps);
-    if (total > 0) COMM_RETURN_IF_ERROR(post_recv(0));
+    const long ahead = depth_ - 1;
+    for (long k = 0; k < ahead && k < total; ++k) COMM_RETURN_IF_ERROR(post_recv(k));
     for (long k = 0; k < total; ++k) {
       const Item it = item(k);
       if (it.send_len > 0) COMM_RETURN_IF_ERROR(sends_.post(right_, args_.tag, it.src, it.send_len * esz_, k));
-      // Posted before this chunk is reduced, so the next chunk's bytes land meanwhile.
-      if (k + 1 < total) COMM_RETURN_IF_ERROR(post_recv(k + 1));
+      // Posted before this chunk is reduced, so the next chunks' bytes land meanwhile.
+      if (k + ahead < total) COMM_RETURN_IF_ERROR(post_recv(k + ahead));
       if (it.recv_len > 0) {
-        COMM_RETURN_IF_ERROR(wait_one(ctx_.transport, recv_ids_[k % 2]));
-        if (it.reduce) finish_reduce(it, staging_[k % 2]);
+        COMM_RETURN_IF_ERROR(wait_one(ctx_.transport, recv_ids_[k % depth_]));
+        if (it.reduce) finish_reduce(it, staging_[k % depth_]);
       }
     }
     return sends_.retire_all();
@@ -88,13 +104,13 @@ class RingRun {
     if (it.recv_len == 0) return Status::Ok();
     char* dst = it.dst;
     if (it.reduce) {
-      dst = staging_[k % 2];
+      dst = staging_[k % depth_];
     } else if (job_.rs_steps > 0) {
       // This chunk of `work` (or of `in`, in place) went out during the reduce-scatter,
       // exactly rs_steps * nchunks items ago; that send must be done before it is overwritten.
       COMM_RETURN_IF_ERROR(sends_.retire_through(k - job_.rs_steps * nchunks_));
     }
-    return ctx_.transport.irecv(left_, args_.tag, dst, it.recv_len * esz_, &recv_ids_[k % 2]);
+    return ctx_.transport.irecv(left_, args_.tag, dst, it.recv_len * esz_, &recv_ids_[k % depth_]);
   }
 
   void finish_reduce(const Item& it, const char* received) {
@@ -107,6 +123,7 @@ class RingRun {
   Context& ctx_;
   const CollArgs& args_;
   const RingJob& job_;
+  int depth_ = 2;  // receives posted (and sends in flight) per direction
   SendWindow sends_;
   size_t esz_ = 0;
   size_t ce_ = 1;
@@ -115,8 +132,8 @@ class RingRun {
   int right_ = 0;
   int owned_ = 0;
   ReduceFn fn_ = nullptr;
-  char* staging_[2] = {nullptr, nullptr};
-  transport::RequestId recv_ids_[2] = {};
+  char* staging_[SendWindow::kMax] = {};
+  transport::RequestId recv_ids_[SendWindow::kMax] = {};
 };
 
 }  // namespace
