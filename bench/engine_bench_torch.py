@@ -153,6 +153,10 @@ def main():
             w.close()
     dist.destroy_process_group()
     comm.destroy()
+    # torch 1.13: DDP's reducer still holds gloo's process group; destroyed at interpreter exit,
+    # ~ProcessGroupGloo joins a worker thread that waits for the GIL the exiting thread holds.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
