@@ -79,6 +79,13 @@ struct comm_s {
   std::mutex state_mu;
   comm::Status broken;       // first peer-involving failure; sticky
   std::atomic<bool> is_broken{false};  // broken is set: the fast path checks this, not the mutex
+  // Records the first peer-involving failure; call with state_mu held. True when it was the first.
+  bool set_broken_locked(const comm::Status& st) {
+    if (!broken.ok()) return false;
+    broken = st;
+    is_broken.store(true, std::memory_order_release);  // check_usable reads only this
+    return true;
+  }
   comm::Status async_error;  // first failure of a background (non-blocking) operation
 
   // The worker: runs non-blocking calls in issue order. Started on first use.

@@ -52,11 +52,7 @@ Status record_failure(comm_t c, Status st) {
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(c->state_mu);
-    if (c->broken.ok()) {
-      c->broken = st;
-      c->is_broken.store(true, std::memory_order_release);
-      first = true;
-    }
+    first = c->set_broken_locked(st);
   }
   if (first && c->transport) c->transport->notify_peers(st);
   COMM_WARN(kColl, "%s", st.message().c_str());

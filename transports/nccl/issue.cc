@@ -70,11 +70,7 @@ Status State::fail(Status st) {
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(comm->state_mu);
-    if (comm->broken.ok()) {
-      comm->broken = st;
-      comm->is_broken.store(true, std::memory_order_release);  // check_usable reads only this
-      first = true;
-    }
+    first = comm->set_broken_locked(st);
   }
   if (first && comm->transport) comm->transport->notify_peers(st);
   COMM_WARN(kColl, "%s", st.message().c_str());

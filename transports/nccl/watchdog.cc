@@ -64,10 +64,7 @@ void State::start_watchdog() {
       nccl_dead.store(true, std::memory_order_release);
       {
         std::lock_guard<std::mutex> state(comm->state_mu);
-        if (comm->broken.ok() && st.code() != COMM_ERR_ABORTED) {
-          comm->broken = st;
-          comm->is_broken.store(true, std::memory_order_release);  // check_usable reads only this
-        }
+        if (st.code() != COMM_ERR_ABORTED) comm->set_broken_locked(st);
         if (comm->async_error.ok()) comm->async_error = st;
       }
       // Peers on the host transport are not told from here (one thread drives a transport);

@@ -126,10 +126,7 @@ Status Engine::fail(Status st, bool interrupt) {
   // our communicator, so every rank ends with an error within its timeout instead of hanging.
   {
     std::lock_guard<std::mutex> state(comm_->state_mu);
-    if (comm_->broken.ok()) {
-      comm_->broken = st;
-      comm_->is_broken.store(true, std::memory_order_release);  // check_usable reads only this
-    }
+    comm_->set_broken_locked(st);
   }
   if (comm_->transport) comm_->transport->notify_peers(st);
   (void)comm_abort(comm_);
