@@ -22,6 +22,7 @@
 #include "transports/socket/socket_transport.h"
 #include "transports/socket/wire.h"
 #include "transports/transport.h"
+#include "env_guard.h"
 
 using namespace comm;
 using namespace comm::transport;
@@ -507,32 +508,6 @@ TEST_CASE("a single-rank transport needs no network", "[socket]") {
 }
 
 namespace {
-
-// Sets (or unsets, value nullptr) an environment variable for one test; no rank threads
-// run while it changes.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~EnvGuard() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 std::string published_address(World& w, int rank) {
   std::string address;

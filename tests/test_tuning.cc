@@ -10,6 +10,7 @@
 #include "tuning/apply.h"
 #include "tuning/nccl_settings.h"
 #include "tuning/profile.h"
+#include "env_guard.h"
 
 using comm::transport::CollKind;
 using namespace comm::tuning;
@@ -35,23 +36,6 @@ std::string error_of(const std::string& text) {
   return st.message();
 }
 
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value) ::setenv(name, value, 1); else ::unsetenv(name);
-  }
-  ~EnvGuard() {
-    if (had_) ::setenv(name_, old_.c_str(), 1); else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 }  // namespace
 

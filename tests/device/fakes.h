@@ -9,32 +9,10 @@
 #include <string>
 
 #include "comm/comm.h"
+#include "../env_guard.h"
 
 namespace devtest {
 
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~EnvGuard() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 // Any non-NULL value is a stream to the fake runtime; the real one never sees it here.
 inline comm_stream_t const kStream = reinterpret_cast<comm_stream_t>(0x5);

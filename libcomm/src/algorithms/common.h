@@ -67,7 +67,7 @@ Status exchange(Context& ctx, const CollArgs& args, int send_peer, const void* s
 // request pool however many chunks a call has).
 class SendWindow {
  public:
-  static constexpr int kMax = 8;
+  static constexpr int kMax = 4;  // COMM_RING_DEPTH's upper bound
   explicit SendWindow(transport::Transport& t, int depth = 2) : t_(t), depth_(depth < 1 ? 1 : depth > kMax ? kMax : depth) {}
   // Posts a send tagged with the caller's sequence index `idx` (increasing).
   Status post(int peer, const transport::OpTag& tag, const void* buf, size_t bytes, long idx);
