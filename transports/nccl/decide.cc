@@ -96,13 +96,23 @@ Status agree_path(comm_t c, const std::string& mine, std::string* verdict) {
     }
     verdict->assign(!unavailable.empty() ? "U" : !staged.empty() ? "S" : "N");
     verdict->append(!unavailable.empty() ? unavailable : staged);
-    return store->set("verdict", *verdict);
+    COMM_RETURN_IF_ERROR(store->set("verdict", *verdict));
+    // Rank 0 serves the store: returning before every rank has read the verdict would let a
+    // failing rank 0 (COMM_TRANSPORT=nccl without a GPU) exit and take the answer with it.
+    for (int r = 1; r < c->size; ++r) {
+      std::string seen;
+      Status st = store->get("seen/" + std::to_string(r), &seen, deadline);
+      if (!st.ok())
+        return st.prefixed("rank " + std::to_string(r) + " did not confirm the device-buffer path rank 0 chose: ");
+    }
+    return Status::Ok();
   }
   Status st = store->get("verdict", verdict, deadline);
-  if (!st.ok())
+  if (st.code() == COMM_ERR_TIMEOUT)
     return Timeout("rank 0 did not decide the device-buffer path within " + std::to_string(c->settings.timeout_ms) +
                    " ms (did it make the same first device-buffer call?)");
-  return Status::Ok();
+  if (!st.ok()) return st.prefixed("waiting for rank 0's device-buffer verdict: ");
+  return store->set("seen/" + std::to_string(c->rank), "1");
 }
 
 // Decides the path of communicator c with every rank and sets up the one chosen. `device`: the
