@@ -153,6 +153,11 @@ def main(argv):
     ap.add_argument("--split", default="64K")
     ap.add_argument("--warmup", default="5")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--small-rounds", type=int, default=9,
+                    help="rounds for sizes up to --split (at least --rounds): a run of either library lands in "
+                         "a fast or a slow mode (vCPU placement, ~0.25 vs ~0.35 us here), so the median of 3 "
+                         "is a coin toss; small runs take a second each")
+    ap.add_argument("--small-warmup", default="200", help="warm-up calls per size up to --split")
     ap.add_argument("--peers", default="mpi,gloo")
     ap.add_argument("--gloo-algos", default="ring,ring_chunked,halving_doubling")
     ap.add_argument("--place", choices=["in_place", "out_of_place"], default="out_of_place",
@@ -168,32 +173,37 @@ def main(argv):
     build = os.path.abspath(args.build)
     out_dir = args.out or os.path.join(HERE, "results", time.strftime("allreduce-%Y%m%d-%H%M%S"))
     os.makedirs(out_dir, exist_ok=True)
-    common = ["-f", args.factor, "-w", args.warmup, "-z", "1", "-d", "float", "-o", "sum"]
+    common = ["-f", args.factor, "-z", "1", "-d", "float", "-o", "sum"]
     split = size_of(args.split)
     ranges = []  # (label, comm-bench arguments)
     if size_of(args.min) <= split:
-        ranges.append(("small", ["-b", args.min, "-e", str(min(split, size_of(args.max))), "-n", args.small_iters]))
+        ranges.append(("small", ["-b", args.min, "-e", str(min(split, size_of(args.max))), "-n", args.small_iters,
+                                 "-w", args.small_warmup]))
     first_large = size_of(args.min)
     while first_large <= split:
         first_large *= int(args.factor)
     if first_large <= size_of(args.max):
-        ranges.append(("large", ["-b", str(first_large), "-e", args.max, "-n", args.iters]))
+        ranges.append(("large", ["-b", str(first_large), "-e", args.max, "-n", args.iters, "-w", args.warmup]))
     bench_args = common
+    total_rounds = max(args.rounds, args.small_rounds if ranges and ranges[0][0] == "small" else 0)
 
     runs = variants(args, build)
     names = [n for n, _, _ in runs]
     rows = {}  # placement -> name -> size -> {"time_us": [...], "busbw": [...]}
     limits = []
-    for rnd in range(1, args.rounds + 1):
-        b, text = copy_bandwidth(args, build)
-        limits.append(b)
-        with open(os.path.join(out_dir, f"copy-bandwidth.round{rnd}.log"), "w") as f:
-            f.write(text)
-        for (name, cmd, env), (part, sizes) in ((r, p) for r in runs for p in ranges):
+    for rnd in range(1, total_rounds + 1):
+        # Rounds beyond --rounds repeat only the small sizes (see --small-rounds).
+        these = ranges if rnd <= args.rounds else [r for r in ranges if r[0] == "small"]
+        if rnd <= args.rounds:
+            b, text = copy_bandwidth(args, build)
+            limits.append(b)
+            with open(os.path.join(out_dir, f"copy-bandwidth.round{rnd}.log"), "w") as f:
+                f.write(text)
+        for (name, cmd, env), (part, sizes) in ((r, p) for r in runs for p in these):
             stem = os.path.join(out_dir, f"{name.replace(' ', '_')}.{part}.round{rnd}")
             time.sleep(args.pause)
             full = prefix(args) + cmd + sizes + bench_args + ["--json", stem + ".json", "--label", name]
-            print(f"# round {rnd}/{args.rounds}: {name}: {' '.join(full)}", file=sys.stderr, flush=True)
+            print(f"# round {rnd}/{total_rounds}: {name}: {' '.join(full)}", file=sys.stderr, flush=True)
             done = subprocess.run(full, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True)
             with open(stem + ".log", "w") as f:
@@ -210,9 +220,10 @@ def main(argv):
                         r["busbw"].append(row[place]["busbw"])
 
     B = statistics.median(limits)
-    summary = {"np": args.np, "rounds": args.rounds, "priority": args.priority, "B": B, "B_rounds": limits,
+    summary = {"np": args.np, "rounds": args.rounds, "small_rounds": total_rounds, "priority": args.priority, "B": B, "B_rounds": limits,
                "command": sys.argv, "bench_args": bench_args, "names": names}
     print(f"# all-reduce float32 sum, {args.np} ranks, blocking calls; median of {args.rounds} alternating rounds"
+          + (f" ({total_rounds} up to {args.split})" if total_rounds > args.rounds else "")
           + (", every run under chrt -f 1" if args.priority == "rt" else ""))
     print(f"# B (read+write GB/s per core, all cores copying) = {B:.2f} (rounds: "
           + ", ".join(f"{x:.2f}" for x in limits) + f"); B/3.5 = {B / 3.5:.2f}, B/2.5 = {B / 2.5:.2f} GB/s")
