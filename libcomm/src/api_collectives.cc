@@ -102,11 +102,12 @@ comm_status_t issue(comm_t c, algo::CollArgs a, int raw_dtype, int raw_op, comm_
     a.dtype = static_cast<comm_dtype_t>(raw_dtype);
     a.op = reduces(a.kind) ? static_cast<comm_op_t>(raw_op) : COMM_SUM;
     if (!dtype_valid(raw_dtype)) a.dtype = COMM_UINT8;  // keep validate's size arithmetic defined
-    COMM_RETURN_IF_ERROR(validate(c, a, raw_dtype, raw_op, where, in_group() && !nonblocking));
+    const bool grouped = in_group();
+    COMM_RETURN_IF_ERROR(validate(c, a, raw_dtype, raw_op, where, grouped && !nonblocking));
     // A stream means device buffers: NCCL on that stream, or staged through pinned host memory.
-    if (stream != nullptr) return device::issue(c, a, stream, in_group()).prefixed_at(c->rank, fn);
+    if (stream != nullptr) return device::issue(c, a, stream, grouped).prefixed_at(c->rank, fn);
     if (nonblocking) return enqueue(c, a, req);
-    if (in_group()) {
+    if (grouped) {
       COMM_RETURN_IF_ERROR(check_usable(c));
       stamp(c, &a);
       group_add(c, a);

@@ -143,7 +143,10 @@ std::string compare(const Fingerprint& mine, int my_rank, const Fingerprint& the
 
 std::string encode_hosts(const std::vector<int>& host_of) {
   std::string text;
-  for (size_t r = 0; r < host_of.size(); ++r) text += (r ? "," : "") + std::to_string(host_of[r]);
+  for (size_t r = 0; r < host_of.size(); ++r) {
+    if (r > 0) text += ',';
+    text += std::to_string(host_of[r]);
+  }
   return text;
 }
 

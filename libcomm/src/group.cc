@@ -9,26 +9,25 @@
 namespace comm {
 namespace {
 
-struct GroupState {
-  int depth = 0;
-  std::vector<std::pair<comm_t, algo::CollArgs>> calls;
-};
-thread_local GroupState t_group;
+// The depth apart from the calls: in_group() runs on every collective, and a thread_local of
+// a type with a constructor costs an initialisation check and a TLS lookup on each access.
+thread_local int t_group_depth = 0;
+thread_local std::vector<std::pair<comm_t, algo::CollArgs>> t_group_calls;
 
 }  // namespace
 
-void group_start() { ++t_group.depth; }
+void group_start() { ++t_group_depth; }
 
-bool in_group() { return t_group.depth > 0; }
+bool in_group() { return t_group_depth > 0; }
 
-void group_add(comm_t comm, const algo::CollArgs& args) { t_group.calls.emplace_back(comm, args); }
+void group_add(comm_t comm, const algo::CollArgs& args) { t_group_calls.emplace_back(comm, args); }
 
 Status group_end() {
-  if (t_group.depth == 0)
+  if (t_group_depth == 0)
     return InvalidUsage("comm_group_end without a matching comm_group_start");
-  if (--t_group.depth > 0) return Status::Ok();
-  auto calls = std::move(t_group.calls);
-  t_group.calls.clear();
+  if (--t_group_depth > 0) return Status::Ok();
+  auto calls = std::move(t_group_calls);
+  t_group_calls.clear();
   // Device calls went into an NCCL group as they came; it ends first (they are on streams).
   Status first = device::group_end();
 
