@@ -211,10 +211,7 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
     COMM_RETURN_IF_ERROR(store.set("init/verdict", verdict));
     if (!problems.empty() || !unavailable.empty()) {
       // Stay until every rank has read the verdict: our process may hold the store.
-      for (int r = 1; r < size; ++r) {
-        std::string ignored;
-        (void)store.get("init/ack/" + std::to_string(r), &ignored, deadline);
-      }
+      (void)wait_read_by_all(store, "init/verdict", size, deadline);
       if (!unavailable.empty()) return Unavailable(unavailable);
       return InvalidUsage("ranks disagree at init: " + problems + "; start every rank with the same settings");
     }
@@ -223,7 +220,7 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
   std::string verdict;
   Status st = store.get("init/verdict", &verdict, deadline);
   if (!st.ok()) return Timeout("rank 0 did not finish the init check within " + std::to_string(s.timeout_ms) + " ms");
-  (void)store.set("init/ack/" + std::to_string(rank), "1");
+  (void)confirm_read(store, "init/verdict", rank);
   if (verdict.rfind("FAIL\n", 0) == 0)
     return InvalidUsage("ranks disagree at init: " + verdict.substr(5) + "; start every rank with the same settings");
   if (verdict.rfind("UNAV\n", 0) == 0) return Unavailable(verdict.substr(5));

@@ -42,12 +42,11 @@ class [[nodiscard]] Status {
   // messages that no call prefixes) gets the call's name after its rank instead.
   Status prefixed_at(int rank, const char* fn) const {
     if (ok()) return *this;
-    const std::string& message_ = rep_->message;
+    const std::string& text = rep_->message;
     const std::string r = "rank " + std::to_string(rank);
-    if (message_.compare(0, r.size() + 2, r + ", ") == 0 || message_.compare(0, r.size() + 2, r + ": ") == 0)
-      return Status(rep_->code,
-                    r + ", " + fn + (message_[r.size()] == ',' ? ", " : ": ") + message_.substr(r.size() + 2));
-    return Status(rep_->code, r + ", " + fn + ": " + message_);
+    if (text.compare(0, r.size() + 2, r + ", ") == 0 || text.compare(0, r.size() + 2, r + ": ") == 0)
+      return Status(rep_->code, r + ", " + fn + (text[r.size()] == ',' ? ", " : ": ") + text.substr(r.size() + 2));
+    return Status(rep_->code, r + ", " + fn + ": " + text);
   }
 
  private:

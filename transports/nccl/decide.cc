@@ -5,6 +5,7 @@
 
 #include "log.h"
 #include "params.h"
+#include "store/store.h"
 #include "transports/nccl/state.h"
 
 namespace comm::device {
@@ -97,22 +98,15 @@ Status agree_path(comm_t c, const std::string& mine, std::string* verdict) {
     verdict->assign(!unavailable.empty() ? "U" : !staged.empty() ? "S" : "N");
     verdict->append(!unavailable.empty() ? unavailable : staged);
     COMM_RETURN_IF_ERROR(store->set("verdict", *verdict));
-    // Rank 0 serves the store: returning before every rank has read the verdict would let a
-    // failing rank 0 (COMM_TRANSPORT=nccl without a GPU) exit and take the answer with it.
-    for (int r = 1; r < c->size; ++r) {
-      std::string seen;
-      Status st = store->get("seen/" + std::to_string(r), &seen, deadline);
-      if (!st.ok())
-        return st.prefixed("rank " + std::to_string(r) + " did not confirm the device-buffer path rank 0 chose: ");
-    }
-    return Status::Ok();
+    // A failing rank 0 (COMM_TRANSPORT=nccl without a GPU) may exit next, taking the store along.
+    return wait_read_by_all(*store, "verdict", c->size, deadline);
   }
   Status st = store->get("verdict", verdict, deadline);
   if (st.code() == COMM_ERR_TIMEOUT)
     return Timeout("rank 0 did not decide the device-buffer path within " + std::to_string(c->settings.timeout_ms) +
                    " ms (did it make the same first device-buffer call?)");
   if (!st.ok()) return st.prefixed("waiting for rank 0's device-buffer verdict: ");
-  return store->set("seen/" + std::to_string(c->rank), "1");
+  return confirm_read(*store, "verdict", c->rank);
 }
 
 // Decides the path of communicator c with every rank and sets up the one chosen. `device`: the

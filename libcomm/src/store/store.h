@@ -21,6 +21,12 @@ class Store {
   virtual Status add(const std::string& key, int64_t delta, int64_t* result) = 0;
 };
 
+// Read receipts for an answer rank 0 publishes at `key` (read_receipts.cc): each other rank
+// confirms once it has read it; rank 0, which serves the store and may exit next, waits for
+// ranks 1..size-1 (a failure names the first rank that did not confirm).
+Status confirm_read(Store& store, const std::string& key, int rank);
+Status wait_read_by_all(Store& store, const std::string& key, int size, Deadline deadline);
+
 // Every key gets "prefix/" in front: one store serves many communicators.
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string& prefix);
 
