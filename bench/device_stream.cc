@@ -3,7 +3,7 @@
 #if defined(COMM_HAVE_CUDA_HEADERS) && defined(COMM_HAVE_NCCL_HEADERS)
 #include <cstdlib>
 
-#include "transports/nccl/cuda_library.h"
+#include "dl/cuda_library.h"
 
 namespace bench {
 namespace {

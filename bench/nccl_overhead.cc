@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "transports/nccl/cuda_library.h"
-#include "transports/nccl/nccl_library.h"
+#include "dl/cuda_library.h"
+#include "dl/nccl_library.h"
 
 namespace {
 

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "transports/socket/interfaces.h"
+#include "interfaces.h"
 
-using comm::transport::Interface;
-using comm::transport::list_interfaces;
-using comm::transport::select_interfaces;
+using comm::topology::Interface;
+using comm::topology::list_interfaces;
+using comm::topology::select_interfaces;
 
 namespace {
 

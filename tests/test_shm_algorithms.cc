@@ -11,7 +11,7 @@
 #include "algorithms/algorithm.h"
 #include "dtype.h"
 #include "support/collective_check.h"
-#include "transports/ucx/ucx_transport.h"
+#include "ucx/ucx_transport.h"
 
 using comm::transport::CollKind;
 using namespace comm::testing;

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "support/shm_fabric.h"
-#include "transports/shm/layout.h"
-#include "transports/shm/segment.h"
-#include "transports/transport.h"
+#include "shm/layout.h"
+#include "shm/segment.h"
+#include "transport.h"
 
 using comm::Status;
 using comm::transport::OpTag;

@@ -17,15 +17,16 @@
 
 #include "params.h"
 #include "store/store.h"
-#include "transports/socket/interfaces.h"
-#include "transports/socket/net.h"
-#include "transports/socket/socket_transport.h"
-#include "transports/socket/wire.h"
-#include "transports/transport.h"
+#include "interfaces.h"
+#include "socket/net.h"
+#include "socket/socket_transport.h"
+#include "socket/wire.h"
+#include "transport.h"
 #include "env_guard.h"
 
 using namespace comm;
 using namespace comm::transport;
+namespace topology = comm::topology;
 
 namespace {
 
@@ -47,6 +48,10 @@ Options options_for(int rank, int size, std::shared_ptr<Store> store, int timeou
   o.store = std::move(store);
   o.comm_label = "test";
   o.all_local = true;  // single-host tests stay on loopback
+  // The interface, chosen as the core chooses it (COMM_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, lo).
+  topology::Interface itf;
+  std::string why;
+  if (topology::choose_socket_interface(o.all_local, &itf, &why).ok()) o.listen = {itf.address, itf.family, why};
   return o;
 }
 
@@ -550,8 +555,9 @@ TEST_CASE("COMM_SOCKET_IFNAME picks the interface, falling back to NCCL_SOCKET_I
   }
   {
     EnvGuard comm("COMM_SOCKET_IFNAME", "=nosuch0");
-    std::unique_ptr<Transport> t;
-    Status st = create_socket_transport(options_for(0, 2, memory_store(unique_store_name())), &t);
+    topology::Interface itf;
+    std::string why;
+    Status st = topology::choose_socket_interface(true, &itf, &why);
     CHECK(st.code() == COMM_ERR_SYSTEM);
     CHECK_THAT(st.message(), Catch::Contains("COMM_SOCKET_IFNAME"));
     CHECK_THAT(st.message(), Catch::Contains("nosuch0"));
@@ -573,7 +579,7 @@ TEST_CASE("large messages are striped correctly for any COMM_SOCKET_NCONNS", "[s
 
 TEST_CASE("IPv6 addresses are bracketed, parsed back and reachable", "[socket]") {
   bool have_v6_loopback = false;
-  for (const auto& itf : list_interfaces())
+  for (const auto& itf : topology::list_interfaces())
     if (itf.address == "::1") have_v6_loopback = true;
   if (!have_v6_loopback) {
     WARN("no ::1 on this machine; skipped");

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "topology/apply.h"
-#include "topology/plan_json.h"
-#include "topology/policy.h"
-#include "topology/probe.h"
-#include "topology/process.h"
+#include "nccl_env.h"
+#include "plan_json.h"
+#include "policy.h"
+#include "probe.h"
+#include "process_plan.h"
 
 namespace topo = comm::topology;
 

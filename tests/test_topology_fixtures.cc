@@ -9,8 +9,8 @@
 #include <set>
 #include <string>
 
-#include "topology/policy.h"
-#include "topology/probe.h"
+#include "policy.h"
+#include "probe.h"
 
 namespace topo = comm::topology;
 

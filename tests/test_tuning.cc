@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "topology/apply.h"
+#include "nccl_env.h"
 #include "tuning/apply.h"
 #include "tuning/nccl_settings.h"
 #include "tuning/profile.h"

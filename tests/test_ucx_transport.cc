@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "store/store.h"
-#include "transports/transport.h"
-#include "transports/ucx/ucx_transport.h"
+#include "transport.h"
+#include "ucx/ucx_transport.h"
 
 using namespace comm;
 using namespace comm::transport;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "topology/probe.h"
+#include "probe.h"
 
 namespace comm::topology {
 namespace {

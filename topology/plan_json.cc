@@ -1,4 +1,4 @@
-#include "topology/plan_json.h"
+#include "plan_json.h"
 
 #include <sys/socket.h>
 

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "topology/policy.h"
+#include "policy.h"
 
 namespace comm::topology {
 

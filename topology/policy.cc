@@ -1,6 +1,6 @@
 // The path policy. Pure: everything it knows comes in through (Topology, Env, Config), so each
 // rule is tested on fixture machines and made-up environments, and explained in the Plan.
-#include "topology/policy.h"
+#include "policy.h"
 
 #include <sys/socket.h>
 
@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "transports/socket/interfaces.h"
+#include "interfaces.h"
 
 namespace comm::topology {
 namespace {
@@ -92,11 +92,11 @@ std::vector<const Hca*> filter_by_ib_hca(const std::vector<const Hca*>& hcas, co
     names_only += (start == 0 ? "" : ",") + item;
     start = comma + 1;
   }
-  std::vector<transport::Interface> as_list;
+  std::vector<Interface> as_list;
   for (const Hca* h : hcas) as_list.push_back({hca_label(*h), "0.0.0.0", AF_INET, true});
-  std::vector<transport::Interface> chosen;
+  std::vector<Interface> chosen;
   std::string ignored;
-  Status st = transport::select_interfaces(names_only, as_list, &chosen, &ignored);
+  Status st = select_interfaces(names_only, as_list, &chosen, &ignored);
   std::vector<const Hca*> out;
   for (const Hca* h : hcas)
     for (const auto& c : chosen)
@@ -224,9 +224,9 @@ class Planner {
       }
       for (const auto& a : itf.addresses) candidates_.push_back({itf.name, a.text, a.family, itf.up});
     }
-    std::vector<transport::Interface> chosen;
+    std::vector<Interface> chosen;
     std::string why;
-    Status st = transport::select_interfaces(spec, candidates_, &chosen, &why);
+    Status st = select_interfaces(spec, candidates_, &chosen, &why);
     if (!st.ok()) {
       if (topo_.offline && topo_.interfaces.empty()) st = Status(st.code(), "the topology file lists no network interface");
       plan_.interface_rule = st.message();
@@ -390,9 +390,9 @@ class Planner {
                     "COMM_SOCKET_IFNAME=" + env_.comm_socket_ifname + ": NCCL's bootstrap uses the same interfaces",
                     env_.nccl_socket_ifname);
       } else {
-        std::vector<transport::Interface> nccl_default;
+        std::vector<Interface> nccl_default;
         std::string ignored;
-        Status st = transport::select_interfaces("", candidates_, &nccl_default, &ignored);
+        Status st = select_interfaces("", candidates_, &nccl_default, &ignored);
         const std::string& ours = plan_.interfaces.front().name;
         if (st.ok() && !nccl_default.empty() && nccl_default.front().name != ours)
           add_setting("NCCL_SOCKET_IFNAME", "=" + ours,
@@ -409,7 +409,7 @@ class Planner {
   const Config& config_;
   Plan plan_;
   std::vector<const Hca*> usable_;
-  std::vector<transport::Interface> candidates_;
+  std::vector<Interface> candidates_;
   std::string timeout_why_, retry_why_, budget_;
 };
 

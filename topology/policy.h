@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "topology/topology.h"
+#include "topology.h"
 
 namespace comm::topology {
 

@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "topology/probe.h"
+#include "probe.h"
 
 namespace comm::topology {
 namespace {

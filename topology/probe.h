@@ -6,7 +6,7 @@
 #include <string>
 
 #include "status.h"
-#include "topology/topology.h"
+#include "topology.h"
 
 namespace comm::topology {
 

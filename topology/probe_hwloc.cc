@@ -11,8 +11,8 @@
 #include <fstream>
 #include <set>
 
-#include "topology/probe.h"
-#include "topology/topology_config.h"
+#include "probe.h"
+#include "topology_config.h"
 
 #if COMM_HAVE_HWLOC
 #include <hwloc.h>

@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "topology/probe.h"
-#include "topology/topology_config.h"
+#include "probe.h"
+#include "topology_config.h"
 
 #if COMM_HAVE_IBVERBS
 #include <infiniband/verbs.h>

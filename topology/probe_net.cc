@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "topology/probe.h"
-#include "transports/socket/interfaces.h"
+#include "probe.h"
+#include "interfaces.h"
 
 namespace comm::topology {
 namespace {
@@ -97,7 +97,7 @@ void describe_from_sysfs(NetInterface* itf) {
 }  // namespace
 
 void probe_interfaces(Topology* topo) {
-  std::vector<transport::Interface> live = transport::list_interfaces();
+  std::vector<Interface> live = list_interfaces();
   std::vector<std::string> names;
   for (const auto& a : live)
     if (std::find(names.begin(), names.end(), a.name) == names.end()) names.push_back(a.name);

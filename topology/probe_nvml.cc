@@ -10,7 +10,7 @@
 #include <fstream>
 #include <map>
 
-#include "topology/probe.h"
+#include "probe.h"
 
 namespace comm::topology {
 namespace {

@@ -1,5 +1,5 @@
 // Pure helpers over the plain topology data: PCI paths, bus id spelling, the NVLink matrix.
-#include "topology/topology.h"
+#include "topology.h"
 
 #include <algorithm>
 #include <cctype>

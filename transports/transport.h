@@ -106,6 +106,24 @@ class LocalAccess {
   virtual Status finish() = 0;
 };
 
+// Where a socket-based transport listens: the interface the core chose from the plan and
+// COMM_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (topology/interfaces.h), with the reason for the log.
+struct ListenAddress {
+  std::string address;  // numeric, "127.0.0.1" or "fd00::2"; empty: loopback when all_local
+  int family = 0;       // AF_INET / AF_INET6
+  std::string why;
+};
+
+// Memory the job's ranks on one host reach in place (comm_mem_alloc): made by a host-local
+// transport when the world connects, shared by every communicator derived from the world.
+class JobMemory {
+ public:
+  virtual ~JobMemory() = default;
+  virtual Status allocate(size_t bytes, void** out) = 0;
+  // Frees p when it came from job memory of this process; false when it did not.
+  virtual bool release(void* p) = 0;
+};
+
 struct Options {
   int rank = 0;
   int size = 1;
@@ -115,6 +133,7 @@ struct Options {
   std::string comm_label;        // for log lines, e.g. "comm 0x1a2b"
   bool all_local = false;        // every rank is on this host (from the rendezvous)
   std::vector<int> host_of;      // every rank's host index (from the rendezvous); empty: unknown
+  ListenAddress listen;          // socket transport: where to listen
   // From the tuning profile when the environment leaves them unset; 0: the registry's value.
   int64_t shm_slot_bytes = 0;    // COMM_SHM_SLOT_BYTES
   int64_t socket_nconns = 0;     // COMM_SOCKET_NCONNS

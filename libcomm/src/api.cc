@@ -9,8 +9,7 @@
 #include "communicator.h"
 #include "group.h"
 #include "log.h"
-#include "transports/nccl/device.h"
-#include "transports/shm/domain.h"
+#include "device/device.h"
 
 namespace comm {
 namespace {
@@ -201,9 +200,9 @@ COMM_API comm_status_t comm_mem_alloc(comm_t c, size_t bytes, void** ptr) {
     if (comm::device::mem_alloc(c, bytes, ptr, &device_st)) return device_st;
     size_t rounded = (bytes + 63) / 64 * 64;
     if (rounded < bytes) return comm::InvalidArgument("comm_mem_alloc: " + std::to_string(bytes) + " bytes overflows");
-    if (c->shm_domain) {
-      char* p = nullptr;
-      Status st = c->shm_domain->alloc(bytes, &p);
+    if (c->job_memory) {
+      void* p = nullptr;
+      Status st = c->job_memory->allocate(bytes, &p);
       if (st.ok()) {
         *ptr = p;
         return st;
@@ -225,10 +224,7 @@ COMM_API comm_status_t comm_mem_free(comm_t c, void* ptr) {
     if (ptr == nullptr) return Status::Ok();
     Status device_st;
     if (comm::device::mem_free(c, ptr, &device_st)) return device_st;
-    if (auto domain = comm::transport::shm::Domain::owner_of(ptr)) {
-      domain->free(ptr);
-      return Status::Ok();
-    }
+    if (c->job_memory && c->job_memory->release(ptr)) return Status::Ok();
     std::free(ptr);
     return Status::Ok();
   });

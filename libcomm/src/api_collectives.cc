@@ -7,7 +7,7 @@
 #include "communicator.h"
 #include "dtype.h"
 #include "group.h"
-#include "transports/nccl/device.h"
+#include "device/device.h"
 
 namespace comm {
 namespace {

@@ -1,5 +1,5 @@
-// Communicator lifecycle: rendezvous, the init agreement check, transport setup,
-// children (dup/split) and teardown.
+// Communicator lifecycle: rendezvous, the init agreement check, children (dup/split) and
+// teardown. Which transports connect the ranks is connect.cc's business.
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -14,13 +14,11 @@
 #include "log.h"
 #include "params.h"
 #include "rendezvous.h"
-#include "transports/routed/routed_transport.h"
-#include "transports/shm/shm_transport.h"
-#include "topology/process.h"
+#include "connect.h"
+#include "device/device.h"
+#include "process_plan.h"
+#include "registry.h"
 #include "tuning/nccl_settings.h"
-#include "transports/nccl/device.h"
-#include "transports/socket/socket_transport.h"
-#include "transports/ucx/ucx_transport.h"
 
 namespace comm {
 namespace {
@@ -80,12 +78,17 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
     COMM_RETURN_IF_ERROR(params::get_string("COMM_TRANSPORT", &s->transport));
   }
   for (auto& ch : s->transport) ch = static_cast<char>(tolower(static_cast<unsigned char>(ch)));
-  if (s->transport == "ucx" && !transport::ucx_built())
-    return Unavailable("transport 'ucx' is not available in this build (libucx-dev was not found when libcomm "
-                       "was built); use COMM_TRANSPORT=auto, shm or socket");
-  if (s->transport != "auto" && s->transport != "socket" && s->transport != "shm" && s->transport != "nccl" &&
-      s->transport != "ucx")
-    return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, nccl, shm, socket or ucx");
+  // auto and nccl are the core's modes (the plan's transports; device buffers through NCCL);
+  // every other name is a host transport's, from the registry.
+  if (s->transport != "auto" && s->transport != "nccl") {
+    const transport::TransportInfo* t = transport::find(s->transport);
+    if (t == nullptr)
+      return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, nccl, " +
+                             transport::names(false));
+    if (!t->built())
+      return Unavailable("transport '" + s->transport + "' is not available in this build (" + t->not_built +
+                         "); use COMM_TRANSPORT=auto, " + transport::names(true));
+  }
   COMM_RETURN_IF_ERROR(params::get_string("COMM_ALGO", &s->forced_algo));
   int64_t chunk = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
@@ -164,13 +167,19 @@ bool decode_hosts(const std::string& text, int size, std::vector<int>* host_of) 
   return static_cast<int>(host_of->size()) == size;
 }
 
-// COMM_TRANSPORT=shm with ranks on other hosts: why it cannot be, naming one such rank.
-std::string shm_unavailable(const std::vector<int>& host_of) {
+// A forced host-local transport with ranks on other hosts: why it cannot
+// be, naming one such rank; "" when it can.
+std::string local_transport_unavailable(const std::string& forced, const std::vector<int>& host_of) {
+  const transport::TransportInfo* t = transport::find(forced);
+  if (t == nullptr || !t->host_local) return "";
+  std::string across;  // the first transport that reaches other hosts, for the hint
+  for (const auto& other : transport::registry())
+    if (across.empty() && !other.host_local && other.built()) across = other.name;
   for (size_t r = 1; r < host_of.size(); ++r)
     if (host_of[r] != host_of[0])
-      return "COMM_TRANSPORT=shm needs every rank on one host, but rank " + std::to_string(r) +
+      return "COMM_TRANSPORT=" + forced + " needs every rank on one host, but rank " + std::to_string(r) +
              " is on another host than rank 0 (hostname, boot id, network namespace or COMM_HOST_ID differ); "
-             "use COMM_TRANSPORT=auto or socket";
+             "use COMM_TRANSPORT=auto or " + across;
   return "";
 }
 
@@ -203,7 +212,7 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
       (*host_of)[static_cast<size_t>(r)] = it->second;
     }
     COMM_RETURN_IF_ERROR(random_secret(secret));
-    const std::string unavailable = s.transport == "shm" && problems.empty() ? shm_unavailable(*host_of) : "";
+    const std::string unavailable = problems.empty() ? local_transport_unavailable(s.transport, *host_of) : "";
     std::string verdict = !problems.empty()      ? "FAIL\n" + problems
                           : !unavailable.empty() ? "UNAV\n" + unavailable
                                                  : "OK\n" + *secret + (*all_local ? "L" : "R") + "\n" +
@@ -235,188 +244,6 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
   std::string diff = compare(mine, rank, decode(verdict.substr(nl2 + 1)), 0);
   if (!diff.empty())
     return InvalidUsage("ranks disagree at init: " + diff + "; start every rank with the same settings");
-  return Status::Ok();
-}
-
-// A communicator of one rank has no peers; algorithms only copy locally, so any
-// attempt to reach a peer is a bug worth a clear message.
-class LoneTransport final : public transport::Transport {
- public:
-  explicit LoneTransport(transport::Options o) : Transport(std::move(o)) {}
-  const char* name() const override { return "none (1 rank)"; }
-  Status isend(int peer, const transport::OpTag&, const void*, size_t, transport::RequestId*) override {
-    return Internal("send to rank " + std::to_string(peer) + " in a communicator of one rank");
-  }
-  Status irecv(int peer, const transport::OpTag&, void*, size_t, transport::RequestId*) override {
-    return Internal("receive from rank " + std::to_string(peer) + " in a communicator of one rank");
-  }
-  Status wait(const transport::RequestId*, size_t n) override {
-    return n == 0 ? Status::Ok() : Internal("wait in a communicator of one rank");
-  }
-  Status test(transport::RequestId, bool* done) override {
-    *done = true;
-    return Status::Ok();
-  }
-  void notify_peers(const Status&) override {}
-  void abort() override {}
-};
-
-bool every_rank_alone(const std::vector<int>& host_of) {
-  std::vector<int> seen(host_of.size(), 0);
-  for (int h : host_of)
-    if (h >= 0 && static_cast<size_t>(h) < seen.size() && seen[static_cast<size_t>(h)]++ > 0) return false;
-  return true;
-}
-
-// The host transport for ranks on this host and for ranks on other hosts: the topology plan's
-// per peer class (same host: shm; other host: ucx on InfiniBand/RoCE hosts, else socket), or the
-// forced one (COMM_TRANSPORT / comm_config_t.transport). Every rank decides alike: the plan's
-// choices are in the init agreement, the host map is the same everywhere.
-struct Choice {
-  std::string transport;
-  std::string why;
-};
-void choose(const CommSettings& s, Choice* near, Choice* far) {
-  // nccl is about device buffers: host buffers take the plan's transports, as with auto.
-  if (s.transport != "auto" && s.transport != "nccl") {
-    near->transport = far->transport = s.transport;
-    near->why = far->why = "COMM_TRANSPORT / comm_config_t.transport = " + s.transport + " forces it";
-    return;
-  }
-  const topology::Plan& plan = topology::plan_for_process();
-  const topology::PeerPlan& local = plan.peer(topology::PeerClass::kSameNuma);
-  const topology::PeerPlan& remote = plan.peer(topology::PeerClass::kOtherHost);
-  *near = {local.host_transport, "topology plan: " + local.why};
-  *far = {remote.host_transport, "topology plan: " + remote.why};
-}
-
-Status create_host_transport(const std::string& kind, const transport::Options& opt, comm_t c,
-                             std::unique_ptr<transport::Transport>* out) {
-  transport::Options o = opt;
-  o.store = make_prefix_store(c->job_store, "comm/" + c->id + "/" + kind);
-  if (kind == "ucx") return transport::create_ucx_transport(o, out);
-  return transport::create_socket_transport(o, out);
-}
-
-std::string ranks_where(comm_t c, bool local) {
-  std::string out;
-  for (int r = 0; r < c->size; ++r)
-    if (r != c->rank && (c->host_of[static_cast<size_t>(r)] == c->host_of[static_cast<size_t>(c->rank)]) == local)
-      out += (out.empty() ? "" : ",") + std::to_string(r);
-  return out;
-}
-
-// The profile's transport name for this communicator, decided before it connects (the
-// communicator knobs shape the connection): shm (every rank on one host), socket, ucx,
-// shm+socket, shm+ucx, socket+ucx -- as connect_transport() builds it.
-std::string profile_transport(comm_t c) {
-  if (c->settings.transport == "ucx") return "ucx";
-  Choice near, far;
-  choose(c->settings, &near, &far);
-  const std::string remote = far.transport == "ucx" ? "ucx" : "socket";
-  if (c->settings.transport == "socket") return "socket";
-  if (every_rank_alone(c->host_of)) return remote;
-  if (!c->shm_usable) return c->all_local || remote == "socket" ? "socket" : "socket+ucx";
-  return c->all_local ? "shm" : "shm+" + remote;
-}
-
-// The tuning profile's entries for this communicator, and the INFO lines that say which
-// apply, which are ignored (another rank count or transport) or trimmed (environment), and why.
-void match_tuning(comm_t c) {
-  std::vector<std::string> notes;
-  const std::string transport = profile_transport(c);
-  c->tuning = tuning::Applied::match(c->size > 1 ? c->settings.profile : nullptr, c->size, transport, &notes);
-  if (!c->settings.profile || c->size == 1) return;
-  const tuning::Profile& p = *c->settings.profile;
-  for (const auto& n : notes) COMM_INFO(kInit, "comm %s rank %d: tuning: %s", c->id.c_str(), c->rank, n.c_str());
-  bool host_entries = false;  // NCCL entries act on NCCL's environment, not on this communicator
-  for (const auto& e : p.entries) host_entries = host_entries || !e.is_nccl();
-  if (!host_entries) return;
-  if (c->tuning->call_entries() == 0 && c->tuning->comm_settings().empty() && c->tuning->engine_entries() == 0) {
-    COMM_WARN(kInit, "comm %s rank %d: tuning profile %s has no entry for %d ranks over %s; defaults apply "
-              "(COMM_DEBUG=INFO lists the entries and why each is ignored)", c->id.c_str(), c->rank, p.path.c_str(),
-              c->size, transport.c_str());
-    return;
-  }
-  COMM_INFO(kInit, "comm %s rank %d: tuning profile %s (hash %s): %zu per-call entries and %zu engine entries apply "
-            "to %d ranks over %s; communicator settings: %s", c->id.c_str(), c->rank, p.path.c_str(), p.hash.c_str(),
-            c->tuning->call_entries(), c->tuning->engine_entries(), c->size, transport.c_str(),
-            c->tuning->comm_settings().empty() ? "none" : c->tuning->comm_settings().c_str());
-}
-
-// The plan's transports per peer (above), shm falling back to sockets where it cannot be set
-// up; COMM_TRANSPORT=shm needs one host. Every rank of the communicator decides alike: the host
-// map is the same everywhere and shm's setup outcome is agreed.
-Status connect_transport(comm_t c) {
-  transport::Options opt;
-  opt.rank = c->rank;
-  opt.size = c->size;
-  opt.timeout_ms = c->settings.timeout_ms;
-  opt.secret = c->secret;
-  opt.store = make_prefix_store(c->job_store, "comm/" + c->id + "/socket");
-  opt.comm_label = "comm " + c->id;
-  opt.all_local = c->all_local;
-  opt.host_of = c->host_of;
-  c->send_seq.assign(static_cast<size_t>(c->size), 0);
-  c->recv_seq.assign(static_cast<size_t>(c->size), 0);
-  match_tuning(c);
-  opt.shm_slot_bytes = c->tuning->shm_slot_bytes();
-  opt.socket_nconns = c->tuning->socket_nconns();
-  if (c->size == 1) {
-    c->transport = std::make_unique<LoneTransport>(opt);
-    return Status::Ok();
-  }
-  Choice near_choice, far_choice;
-  choose(c->settings, &near_choice, &far_choice);
-  const std::string local_peers = ranks_where(c, true), remote_peers = ranks_where(c, false);
-  const bool forced_shm = c->settings.transport == "shm";
-  std::unique_ptr<transport::Transport> near;
-  if (near_choice.transport == "shm" && c->shm_usable && !every_rank_alone(c->host_of)) {
-    transport::Options shm_opt = opt;
-    shm_opt.store = make_prefix_store(c->job_store, "comm/" + c->id + "/shm");
-    transport::ShmConfig config;
-    config.comm_id = c->id;
-    config.world_ranks = c->world_ranks;
-    config.create_domain = c->id == "0";
-    transport::ShmOutcome outcome;
-    COMM_RETURN_IF_ERROR(transport::connect_shm(shm_opt, config, &c->shm_domain, &outcome));
-    if (!outcome.usable) {
-      if (forced_shm) return Unavailable("COMM_TRANSPORT=shm: shared memory could not be set up: " + outcome.why_not);
-      COMM_WARN(kNet, "comm %s rank %d: shared memory unavailable (%s); local ranks talk over sockets", c->id.c_str(),
-                c->rank, outcome.why_not.c_str());
-      c->shm_usable = false;
-    }
-    near = std::move(outcome.transport);
-    if (!near) near_choice = {"socket", "shared memory unavailable: " + outcome.why_not};
-  } else if (near_choice.transport == "shm") {
-    near_choice = {"socket", c->shm_usable ? "no two ranks share a host" : "shared memory unavailable on some host"};
-  }
-  if (!local_peers.empty())
-    COMM_INFO(kNet, "comm %s rank %d: ranks on this host (%s) -> %s (%s)", c->id.c_str(), c->rank, local_peers.c_str(),
-              near ? near->name() : near_choice.transport.c_str(), near_choice.why.c_str());
-  if (!remote_peers.empty())
-    COMM_INFO(kNet, "comm %s rank %d: ranks on other hosts (%s) -> %s (%s)", c->id.c_str(), c->rank,
-              remote_peers.c_str(), far_choice.transport.c_str(), far_choice.why.c_str());
-  if (near && c->all_local) {
-    c->transport = std::move(near);
-    return Status::Ok();
-  }
-  // One transport reaches every peer when nothing local is special (or local and remote agree).
-  const std::string& far_kind = c->all_local ? near_choice.transport : far_choice.transport;
-  std::unique_ptr<transport::Transport> far;
-  COMM_RETURN_IF_ERROR(create_host_transport(far_kind, opt, c, &far));
-  if (!near && (near_choice.transport != far_kind && !local_peers.empty() && !remote_peers.empty())) {
-    // Local ranks on another transport than remote ones (e.g. sockets inside, UCX between).
-    COMM_RETURN_IF_ERROR(create_host_transport(near_choice.transport, opt, c, &near));
-  }
-  if (!near) {
-    c->transport = std::move(far);
-    return Status::Ok();
-  }
-  std::vector<bool> is_local(static_cast<size_t>(c->size));
-  for (int r = 0; r < c->size; ++r)
-    is_local[static_cast<size_t>(r)] = c->host_of[static_cast<size_t>(r)] == c->host_of[static_cast<size_t>(c->rank)];
-  c->transport = transport::make_routed_transport(opt, std::move(near), std::move(far), std::move(is_local));
   return Status::Ok();
 }
 
@@ -471,8 +298,8 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
   c->settings = parent->settings;
   c->secret = parent->secret;
   c->job_store = parent->job_store;
-  c->shm_domain = parent->shm_domain;
-  c->shm_usable = parent->shm_usable;
+  c->job_memory = parent->job_memory;
+  c->local_transport_usable = parent->local_transport_usable;
   // Hosts renumbered in order of each host's first member, as the world's are.
   std::map<int, int> renumber;
   for (int p : members) {

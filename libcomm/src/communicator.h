@@ -16,12 +16,9 @@
 #include "comm/comm.h"
 #include "status.h"
 #include "store/store.h"
-#include "transports/transport.h"
+#include "transport.h"
 #include "tuning/apply.h"
 
-namespace comm::transport::shm {
-class Domain;
-}
 namespace comm::device {
 class State;
 }
@@ -56,10 +53,11 @@ struct comm_s {
   bool all_local = false;  // every rank on this host (hostname, boot id, netns or COMM_HOST_ID)
   std::vector<int> host_of;      // every rank's host, numbered in order of each host's first rank
   std::vector<int> world_ranks;  // every rank's rank in the world communicator
-  // The job's shared memory on this host (arenas of the local ranks; comm_mem_alloc), shared by
-  // the world and every communicator derived from it; nullptr without local peers or shm.
-  std::shared_ptr<comm::transport::shm::Domain> shm_domain;
-  bool shm_usable = true;  // agreed at the world's init: shared memory works on every host
+  // The job's directly reachable memory on this host (comm_mem_alloc: the host-local transport's
+  // arenas), shared by the world and every communicator derived from it; nullptr without local
+  // peers or without a host-local transport.
+  std::shared_ptr<comm::transport::JobMemory> job_memory;
+  bool local_transport_usable = true;  // agreed at the world's init: the host-local transport works on every host
   std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
   std::unique_ptr<comm::transport::Transport> transport;
   // The profile entries for this communicator's rank count and transport (never null after init).

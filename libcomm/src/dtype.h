@@ -5,14 +5,9 @@
 #include <cstdint>
 
 #include "comm/comm.h"
+#include "types.h"
 
 namespace comm {
-
-bool dtype_valid(int dtype);
-bool op_valid(int op);
-size_t dtype_size(comm_dtype_t dtype);
-const char* dtype_name(comm_dtype_t dtype);  // "float32", "bfloat16", ...
-const char* op_name(comm_op_t op);           // "sum", "prod", "min", "max", "avg"
 
 // out[i] = a[i] (op) b[i] for i < count. out may alias a or b. For COMM_AVG this is the
 // sum (the division happens once, at the end, in avg_finalize). fp16/bf16: computed in

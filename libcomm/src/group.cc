@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "communicator.h"
-#include "transports/nccl/device.h"
+#include "device/device.h"
 
 namespace comm {
 namespace {

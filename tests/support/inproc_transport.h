@@ -12,7 +12,7 @@
 #include <mutex>
 #include <vector>
 
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::testing {
 

@@ -8,10 +8,10 @@
 #include <thread>
 
 #include "store/store.h"
-#include "transports/routed/routed_transport.h"
-#include "transports/shm/shm_transport.h"
-#include "transports/socket/socket_transport.h"
-#include "transports/ucx/ucx_transport.h"
+#include "routed/routed_transport.h"
+#include "shm/shm_transport.h"
+#include "socket/socket_transport.h"
+#include "ucx/ucx_transport.h"
 
 namespace comm::testing {
 

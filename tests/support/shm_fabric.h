@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "status.h"
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::testing {
 

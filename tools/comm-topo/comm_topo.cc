@@ -13,11 +13,11 @@
 #include <nlohmann/json.hpp>
 
 #include "params.h"
-#include "transports/nccl/device.h"
-#include "topology/plan_json.h"
-#include "topology/policy.h"
-#include "topology/probe.h"
-#include "topology/process.h"
+#include "device/device.h"
+#include "plan_json.h"
+#include "policy.h"
+#include "probe.h"
+#include "process_plan.h"
 
 namespace topo = comm::topology;
 

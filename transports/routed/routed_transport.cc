@@ -1,7 +1,7 @@
 // Routing each request to the transport that reaches its peer. A wait whose requests are all
 // on one side is that side's own wait (blocking in poll() or on a futex); a wait that spans
 // both polls the two with test() and backs off into short sleeps, bounded by the timeout.
-#include "transports/routed/routed_transport.h"
+#include "routed/routed_transport.h"
 
 #include <time.h>
 

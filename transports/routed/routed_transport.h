@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::transport {
 

@@ -1,4 +1,4 @@
-#include "transports/shm/domain.h"
+#include "shm/domain.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,7 +16,7 @@
 #include <cstring>
 
 #include "log.h"
-#include "transports/shm/layout.h"
+#include "shm/layout.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23

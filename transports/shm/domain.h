@@ -20,7 +20,8 @@
 #include "deadline.h"
 #include "status.h"
 #include "store/store.h"
-#include "transports/shm/segment.h"
+#include "shm/segment.h"
+#include "transport.h"
 
 namespace comm::transport::shm {
 
@@ -33,12 +34,12 @@ struct DomainConfig {
   std::string label;        // for log lines
 };
 
-class Domain : public std::enable_shared_from_this<Domain> {
+class Domain : public JobMemory, public std::enable_shared_from_this<Domain> {
  public:
   Domain() = default;
   Domain(const Domain&) = delete;
   Domain& operator=(const Domain&) = delete;
-  ~Domain();
+  ~Domain() override;
 
   // Creates this rank's arena and publishes it in `store` (the world's).
   static Status create(const DomainConfig& config, Store& store, std::shared_ptr<Domain>* out);
@@ -76,6 +77,19 @@ class Domain : public std::enable_shared_from_this<Domain> {
   void free(const void* p);
   bool owns(const void* p) const;
   static std::shared_ptr<Domain> owner_of(const void* p);
+  // JobMemory: comm_mem_alloc / comm_mem_free. release() frees a buffer of any domain of this
+  // process (a communicator may be destroyed before the buffers made through it).
+  Status allocate(size_t bytes, void** out) override {
+    char* p = nullptr;
+    Status st = alloc(bytes, &p);
+    *out = p;
+    return st;
+  }
+  bool release(void* p) override {
+    auto owner = owner_of(p);
+    if (owner) owner->free(p);
+    return owner != nullptr;
+  }
   // Offset of [p, p + len) in this rank's arena, false if it is not inside one allocation's reach.
   bool locate(const void* p, size_t len, uint64_t* offset) const;
 

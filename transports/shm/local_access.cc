@@ -4,7 +4,7 @@
 #include <bit>
 #include <cstring>
 
-#include "transports/shm/shm_transport_impl.h"
+#include "shm/shm_transport_impl.h"
 
 namespace comm::transport::shm {
 namespace {

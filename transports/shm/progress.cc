@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "transports/shm/shm_transport_impl.h"
+#include "shm/shm_transport_impl.h"
 
 namespace comm::transport::shm {
 namespace {

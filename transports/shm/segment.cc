@@ -1,4 +1,4 @@
-#include "transports/shm/segment.h"
+#include "shm/segment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <utility>
 
-#include "transports/shm/layout.h"
+#include "shm/layout.h"
 
 namespace comm::transport::shm {
 

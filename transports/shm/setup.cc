@@ -8,7 +8,7 @@
 
 #include "log.h"
 #include "params.h"
-#include "transports/shm/shm_transport_impl.h"
+#include "shm/shm_transport_impl.h"
 
 namespace comm::transport {
 namespace shm {
@@ -190,6 +190,18 @@ Status connect_shm(const Options& options, const ShmConfig& config, std::shared_
   if (created_domain) (*domain)->set_cma(nocma == 0);
   out->usable = true;
   out->transport = std::move(t);
+  return Status::Ok();
+}
+
+Status connect_shm(const ConnectRequest& request, Connected* out) {
+  ShmConfig config{request.comm_id, request.world_ranks, request.world};
+  std::shared_ptr<shm::Domain> domain = std::dynamic_pointer_cast<shm::Domain>(*request.job_memory);
+  ShmOutcome outcome;
+  COMM_RETURN_IF_ERROR(connect_shm(request.options, config, &domain, &outcome));
+  if (request.world) *request.job_memory = domain;
+  out->transport = std::move(outcome.transport);
+  out->usable = outcome.usable;
+  out->why_not = outcome.why_not;
   return Status::Ok();
 }
 

@@ -8,7 +8,7 @@
 
 #include "log.h"
 #include "params.h"
-#include "transports/shm/shm_transport_impl.h"
+#include "shm/shm_transport_impl.h"
 
 namespace comm::transport::shm {
 

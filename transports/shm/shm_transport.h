@@ -7,7 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "transports/transport.h"
+#include "registry.h"
+#include "transport.h"
 
 namespace comm::transport {
 
@@ -35,5 +36,7 @@ struct ShmOutcome {
 // options.host_of. A non-OK status means the store itself failed (nothing was agreed).
 Status connect_shm(const Options& options, const ShmConfig& config, std::shared_ptr<shm::Domain>* domain,
                    ShmOutcome* out);
+// The same through the registry (registry.cc): the domain is the request's job memory.
+Status connect_shm(const ConnectRequest& request, Connected* out);
 
 }  // namespace comm::transport

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "transports/shm/domain.h"
-#include "transports/shm/futex.h"
-#include "transports/shm/layout.h"
-#include "transports/shm/segment.h"
-#include "transports/shm/shm_transport.h"
+#include "shm/domain.h"
+#include "shm/futex.h"
+#include "shm/layout.h"
+#include "shm/segment.h"
+#include "shm/shm_transport.h"
 
 namespace comm::transport::shm {
 

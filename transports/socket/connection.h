@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <string>
 
-#include "transports/socket/net.h"
-#include "transports/socket/wire.h"
-#include "transports/transport.h"
+#include "socket/net.h"
+#include "socket/wire.h"
+#include "transport.h"
 
 namespace comm::transport::sock {
 

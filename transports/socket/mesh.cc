@@ -1,4 +1,4 @@
-#include "transports/socket/mesh.h"
+#include "socket/mesh.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "log.h"
-#include "transports/socket/wire.h"
+#include "socket/wire.h"
 
 namespace comm::transport::sock {
 namespace {

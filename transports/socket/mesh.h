@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "store/store.h"
-#include "transports/socket/net.h"
+#include "socket/net.h"
 
 namespace comm::transport::sock {
 

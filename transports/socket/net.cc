@@ -1,4 +1,4 @@
-#include "transports/socket/net.h"
+#include "socket/net.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

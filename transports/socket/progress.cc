@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "transports/socket/socket_transport_impl.h"
+#include "socket/socket_transport_impl.h"
 
 namespace comm::transport::sock {
 

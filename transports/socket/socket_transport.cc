@@ -1,15 +1,14 @@
 // TCP transport: non-blocking connections, progress driven inline by wait() with poll().
 // Matching is by posting order per peer; every frame carries the OpTag, so ranks that
 // disagree fail with INVALID_USAGE naming both calls instead of exchanging wrong bytes.
-#include "transports/socket/socket_transport.h"
+#include "socket/socket_transport.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "params.h"
-#include "transports/socket/interfaces.h"
-#include "transports/socket/socket_transport_impl.h"
+#include "socket/socket_transport_impl.h"
 
 namespace comm::transport {
 namespace sock {
@@ -257,25 +256,16 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
 
   std::vector<MeshLink> links;
   if (options.size > 1) {
-    std::string spec;
-    std::string source = "COMM_SOCKET_IFNAME";
-    COMM_RETURN_IF_ERROR(params::get_string("COMM_SOCKET_IFNAME", &spec));
-    if (spec.empty()) {
-      source = "NCCL_SOCKET_IFNAME";
-      COMM_RETURN_IF_ERROR(params::get_string("NCCL_SOCKET_IFNAME", &spec));
+    // The interface is the core's choice (topology/interfaces.h); a transport made without
+    // one, every rank on this host, stays on loopback.
+    ListenAddress listen = options.listen;
+    if (listen.address.empty()) {
+      if (!options.all_local)
+        return InvalidArgument(me + ": socket transport: no interface to listen on (Options.listen is empty and "
+                               "ranks are on several hosts)");
+      listen = {"127.0.0.1", AF_INET, "all ranks on one host: loopback"};
     }
-    // Every rank on this host and no interface asked for: stay on loopback, which every
-    // local peer can reach and which keeps single-host traffic off the real NICs.
-    bool loopback = spec.empty() && options.all_local;
-    if (loopback) spec = "=lo";
-    std::vector<Interface> chosen;
-    std::string why;
-    Status st = select_interfaces(spec, list_interfaces(), &chosen, &why);
-    if (loopback) why = "all ranks on one host and no COMM_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set: chose lo";
-    if (!st.ok()) return st.prefixed(me + ": socket transport: " + (spec.empty() ? "" : source + " set: "));
-    if (source == "COMM_SOCKET_IFNAME" && why.rfind("NCCL_SOCKET_IFNAME", 0) == 0)
-      why.replace(0, 18, "COMM_SOCKET_IFNAME");
-    COMM_INFO(kNet, "%s: %s; listening on %s", me.c_str(), why.c_str(), chosen.front().address.c_str());
+    COMM_INFO(kNet, "%s: %s; listening on %s", me.c_str(), listen.why.c_str(), listen.address.c_str());
 
     MeshConfig config;
     config.rank = options.rank;
@@ -285,8 +275,8 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     config.secret = options.secret;
     config.label = options.comm_label;
     config.store = options.store.get();
-    config.host = chosen.front().address;
-    config.family = chosen.front().family;
+    config.host = listen.address;
+    config.family = listen.family;
     COMM_RETURN_IF_ERROR(build_mesh(config, &links));
   }
   out->reset(new SocketTransport(options, static_cast<int>(nconns), std::move(links), std::move(wake)));

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::transport {
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "transports/socket/connection.h"
-#include "transports/socket/mesh.h"
-#include "transports/transport.h"
+#include "socket/connection.h"
+#include "socket/mesh.h"
+#include "transport.h"
 
 namespace comm::transport::sock {
 

@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "log.h"
-#include "transports/ucx/ucx_transport_impl.h"
+#include "ucx/ucx_transport_impl.h"
 
 namespace comm::transport::ucx {
 namespace {

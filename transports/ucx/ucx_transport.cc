@@ -10,9 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "hash.h"
 #include "log.h"
-#include "transports/ucx/ucx_transport.h"
-#include "transports/ucx/ucx_transport_impl.h"
+#include "ucx/ucx_transport.h"
+#include "ucx/ucx_transport_impl.h"
 
 namespace comm::transport {
 namespace ucx {
@@ -48,9 +49,7 @@ bool unhex(const std::string& text, std::vector<unsigned char>* out) {
 
 // FNV-1a of the job secret: every header carries it, so bytes from outside the job are refused.
 uint64_t job_key(const std::string& secret) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : secret) h = (h ^ c) * 1099511628211ull;
-  return h | 1;
+  return fnv1a(secret) | 1;
 }
 
 std::string ucs(ucs_status_t s) { return ucs_status_string(s); }

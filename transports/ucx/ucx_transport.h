@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::transport {
 

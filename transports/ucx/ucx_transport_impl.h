@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::transport::ucx {
 

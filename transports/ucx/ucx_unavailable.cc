@@ -1,6 +1,6 @@
 // Built instead of the UCX transport when libucx-dev was not found at build time, so that the
 // communicator and the plan can ask for UCX everywhere and get a clear answer.
-#include "transports/ucx/ucx_transport.h"
+#include "ucx/ucx_transport.h"
 
 namespace comm::transport {
 

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "scratch.h"
+#include "algorithms/scratch.h"
 #include "status.h"
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::algo {
 

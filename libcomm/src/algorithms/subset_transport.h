@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::algo {
 

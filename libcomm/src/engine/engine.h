@@ -15,7 +15,7 @@
 #include "engine/layout.h"
 #include "engine/trace.h"
 #include "status.h"
-#include "transports/nccl/device.h"
+#include "device/device.h"
 
 namespace comm::engine {
 

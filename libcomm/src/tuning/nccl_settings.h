@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "topology/policy.h"
+#include "policy.h"
 #include "tuning/profile.h"
 
 namespace comm::tuning {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "algorithms/algorithm.h"
+#include "hash.h"
 #include "params.h"
 
 namespace comm::tuning {
@@ -20,8 +21,7 @@ constexpr CollKind kTunable[] = {CollKind::kAllreduce, CollKind::kBroadcast,    
                                  CollKind::kAllgather, CollKind::kReduceScatter, CollKind::kAlltoall};
 
 std::string hash_bytes(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  const uint64_t h = fnv1a(text);
   char buf[32];
   snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "status.h"
-#include "transports/transport.h"
+#include "transport.h"
 
 namespace comm::tuning {
 

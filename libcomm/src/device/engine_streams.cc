@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "log.h"
-#include "transports/nccl/state.h"
+#include "device/state.h"
 
 namespace comm::device {
 

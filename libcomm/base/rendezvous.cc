@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "hash.h"
 #include "log.h"
 #include "params.h"
 
@@ -117,11 +118,7 @@ Status parse_init_method(const std::string& method, Kind* kind, Identity* id) {
 
 // FNV-1a: the same job id gives the same port on every rank and every build.
 int derived_port(const std::string& job_id) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : job_id) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  const uint64_t h = fnv1a(job_id);
   return kDerivedPortBase + static_cast<int>(h % kDerivedPortSpan);
 }
 

@@ -1,4 +1,4 @@
-#include "transports/nccl/cuda_library.h"
+#include "dl/cuda_library.h"
 
 #include <dlfcn.h>
 

@@ -1,7 +1,7 @@
 // Interface selection with NCCL_SOCKET_IFNAME's exact semantics (NCCL's ncclFindInterfaces):
 // users move between NCCL and libcomm with the same environment, so the same spec must pick
 // the same interfaces.
-#include "transports/socket/interfaces.h"
+#include "interfaces.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -11,7 +11,9 @@
 
 #include <algorithm>
 
-namespace comm::transport {
+#include "params.h"
+
+namespace comm::topology {
 namespace {
 
 struct Spec {
@@ -151,4 +153,23 @@ Status select_interfaces(const std::string& spec_text, const std::vector<Interfa
   return SystemError("no network interface is up with an IPv4 or global IPv6 address");
 }
 
-}  // namespace comm::transport
+Status choose_socket_interface(bool all_local, Interface* chosen, std::string* why) {
+  std::string spec;
+  std::string source = "COMM_SOCKET_IFNAME";
+  COMM_RETURN_IF_ERROR(params::get_string("COMM_SOCKET_IFNAME", &spec));
+  if (spec.empty()) {
+    source = "NCCL_SOCKET_IFNAME";
+    COMM_RETURN_IF_ERROR(params::get_string("NCCL_SOCKET_IFNAME", &spec));
+  }
+  const bool loopback = spec.empty() && all_local;
+  if (loopback) spec = "=lo";
+  std::vector<Interface> list;
+  Status st = select_interfaces(spec, list_interfaces(), &list, why);
+  if (!st.ok()) return st.prefixed(spec.empty() || loopback ? "" : source + " set: ");
+  if (loopback) *why = "all ranks on one host and no COMM_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set: chose lo";
+  if (source == "COMM_SOCKET_IFNAME" && why->rfind("NCCL_SOCKET_IFNAME", 0) == 0) why->replace(0, 18, source);
+  *chosen = list.front();
+  return Status::Ok();
+}
+
+}  // namespace comm::topology

@@ -4,7 +4,7 @@
 
 #include "log.h"
 #include "params.h"
-#include "transports/nccl/state.h"
+#include "device/state.h"
 
 namespace comm::device {
 

@@ -1,7 +1,7 @@
 // Built without the CUDA/NCCL headers (meson -Dcuda=disabled, or none in -Dcudapath): device
 // buffers are unavailable, with a message saying so; everything else works as before.
 #include "communicator.h"
-#include "transports/nccl/device.h"
+#include "device/device.h"
 
 namespace comm::device {
 

@@ -1,4 +1,4 @@
-#include "topology/apply.h"
+#include "nccl_env.h"
 
 #include <cstdlib>
 

@@ -1,4 +1,4 @@
-#include "transports/nccl/nccl_library.h"
+#include "dl/nccl_library.h"
 
 #include <dlfcn.h>
 

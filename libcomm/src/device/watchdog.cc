@@ -4,7 +4,7 @@
 // kernels waiting on a dead peer) and the libcomm communicator is broken with a message saying
 // which rank, what NCCL said, and what to do.
 #include "log.h"
-#include "transports/nccl/state.h"
+#include "device/state.h"
 
 namespace comm::device {
 namespace {

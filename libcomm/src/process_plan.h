@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "topology/policy.h"
-#include "topology/probe.h"
+#include "policy.h"
+#include "probe.h"
 
 namespace comm {
 class Store;

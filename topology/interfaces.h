@@ -7,7 +7,7 @@
 
 #include "status.h"
 
-namespace comm::transport {
+namespace comm::topology {
 
 struct Interface {
   std::string name;     // "eth0"
@@ -26,4 +26,9 @@ std::vector<Interface> list_interfaces();
 Status select_interfaces(const std::string& spec, const std::vector<Interface>& all,
                          std::vector<Interface>* chosen, std::string* why);
 
-}  // namespace comm::transport
+// The interface a socket transport listens on: COMM_SOCKET_IFNAME, else NCCL_SOCKET_IFNAME (as
+// above); neither set and every rank on this host (all_local): lo, which keeps single-host
+// traffic off the real NICs. A failure names the variable that matched nothing.
+Status choose_socket_interface(bool all_local, Interface* chosen, std::string* why);
+
+}  // namespace comm::topology

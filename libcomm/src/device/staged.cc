@@ -7,7 +7,7 @@
 #include "dtype.h"
 #include "group.h"
 #include "log.h"
-#include "transports/nccl/state.h"
+#include "device/state.h"
 
 namespace comm::device {
 

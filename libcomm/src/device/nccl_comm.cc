@@ -4,8 +4,8 @@
 // caller's stream.
 #include "dtype.h"
 #include "log.h"
-#include "topology/process.h"
-#include "transports/nccl/state.h"
+#include "process_plan.h"
+#include "device/state.h"
 #include "tuning/nccl_settings.h"
 
 namespace comm::device {

@@ -1,4 +1,4 @@
-#include "topology/process.h"
+#include "process_plan.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 #include "log.h"
 #include "params.h"
 #include "store/store.h"
-#include "topology/apply.h"
-#include "transports/ucx/ucx_transport.h"
+#include "nccl_env.h"
+#include "ucx/ucx_transport.h"
 
 namespace comm::topology {
 namespace {

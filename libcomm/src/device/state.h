@@ -13,9 +13,9 @@
 
 #include "communicator.h"
 #include "deadline.h"
-#include "transports/nccl/cuda_library.h"
-#include "transports/nccl/device.h"
-#include "transports/nccl/nccl_library.h"
+#include "dl/cuda_library.h"
+#include "device/device.h"
+#include "dl/nccl_library.h"
 
 namespace comm::device {
 

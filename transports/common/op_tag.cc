@@ -2,8 +2,8 @@
 // the send-and-receive helper every algorithm uses.
 #include <string>
 
-#include "dtype.h"
-#include "transports/transport.h"
+#include "types.h"
+#include "transport.h"
 
 namespace comm::transport {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "topology/policy.h"
+#include "policy.h"
 
 namespace comm::topology {
 

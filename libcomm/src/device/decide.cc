@@ -6,7 +6,7 @@
 #include "log.h"
 #include "params.h"
 #include "store/store.h"
-#include "transports/nccl/state.h"
+#include "device/state.h"
 
 namespace comm::device {
 

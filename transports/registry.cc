@@ -1,0 +1,47 @@
+#include "registry.h"
+
+#include "shm/shm_transport.h"
+#include "socket/socket_transport.h"
+#include "ucx/ucx_transport.h"
+
+namespace comm::transport {
+namespace {
+
+bool always() { return true; }
+
+Status connect_plain(Status (*create)(const Options&, std::unique_ptr<Transport>*), const ConnectRequest& r,
+                     Connected* out) {
+  out->usable = true;
+  return create(r.options, &out->transport);
+}
+
+}  // namespace
+
+const std::vector<TransportInfo>& registry() {
+  static const std::vector<TransportInfo> table = {
+      {"shm", true, false, always, "", connect_shm},
+      {"socket", false, true, always, "",
+       [](const ConnectRequest& r, Connected* out) { return connect_plain(create_socket_transport, r, out); }},
+      {"ucx", false, false, ucx_built, "libucx-dev was not found when libcomm was built",
+       [](const ConnectRequest& r, Connected* out) { return connect_plain(create_ucx_transport, r, out); }},
+  };
+  return table;
+}
+
+const TransportInfo* find(const std::string& name) {
+  for (const auto& t : registry())
+    if (name == t.name) return &t;
+  return nullptr;
+}
+
+std::string names(bool built_only) {
+  std::vector<std::string> list;
+  for (const auto& t : registry())
+    if (!built_only || t.built()) list.emplace_back(t.name);
+  std::string out;
+  for (size_t i = 0; i < list.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == list.size() ? " or " : ", ") + list[i];
+  return out;
+}
+
+}  // namespace comm::transport

@@ -1,0 +1,47 @@
+// The one place that lists the host transports. The core picks a transport by the name the
+// plan (or COMM_TRANSPORT) gives, and connects it through this table: it never names a
+// transport itself, so adding one is a folder here and a row in registry.cc.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport.h"
+
+namespace comm::transport {
+
+// What a transport needs to connect one communicator's ranks.
+struct ConnectRequest {
+  Options options;                // the communicator's; its store is prefixed for this transport
+  std::string comm_id;            // names per-communicator resources (unique in the job)
+  std::vector<int> world_ranks;   // every rank's world rank (empty: the identity)
+  // The job's directly reachable memory on this host (comm_mem_alloc), shared by every
+  // communicator of the job: null on entry for the world, which may create it here.
+  std::shared_ptr<JobMemory>* job_memory = nullptr;
+  bool world = false;             // the world communicator: job-wide resources are made here
+};
+
+struct Connected {
+  std::unique_ptr<Transport> transport;  // null: this rank has no peer the transport reaches
+  bool usable = true;  // every rank of the communicator could set it up (else why_not)
+  std::string why_not;
+};
+
+struct TransportInfo {
+  const char* name;        // what COMM_TRANSPORT and the plan call it
+  bool host_local;         // reaches only the ranks on this host
+  bool listens_on_interface;  // needs Options.listen (the core's choice of network interface)
+  bool (*built)();         // compiled into this build
+  const char* not_built;   // why not, for the message ("libucx-dev was not found when ...")
+  // Every rank of the communicator calls it (host-local transports: those alone on their
+  // host too, as the outcome is agreed). A non-OK status means nothing was agreed.
+  Status (*connect)(const ConnectRequest& request, Connected* out);
+};
+
+const std::vector<TransportInfo>& registry();
+const TransportInfo* find(const std::string& name);  // nullptr when no transport has that name
+// The names, for messages: "shm, socket or ucx" (only those built, when built_only).
+std::string names(bool built_only);
+
+}  // namespace comm::transport
