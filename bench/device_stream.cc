@@ -7,9 +7,9 @@
 
 namespace bench {
 namespace {
-const comm::device::CudaLibrary& cuda() {
+const comm::dl::CudaLibrary& cuda() {
   const char* path = std::getenv("COMM_CUDA_LIBRARY");
-  return comm::device::cuda_library(path ? path : "");
+  return comm::dl::cuda_library(path ? path : "");
 }
 }  // namespace
 

@@ -47,8 +47,8 @@ int main(int argc, char** argv) {
   // The libraries libcomm itself opens (COMM_CUDA_LIBRARY / COMM_NCCL_LIBRARY point elsewhere).
   const char* cuda_path = std::getenv("COMM_CUDA_LIBRARY");
   const char* nccl_path = std::getenv("COMM_NCCL_LIBRARY");
-  const auto& cuda = comm::device::cuda_library(cuda_path ? cuda_path : "");
-  const auto& nccl = comm::device::nccl_library(nccl_path ? nccl_path : "");
+  const auto& cuda = comm::dl::cuda_library(cuda_path ? cuda_path : "");
+  const auto& nccl = comm::dl::nccl_library(nccl_path ? nccl_path : "");
   if (!cuda.usable()) return die(cuda.why_not);
   if (!nccl.usable()) return die(nccl.why_not);
   (void)cuda.cudaSetDevice(0);

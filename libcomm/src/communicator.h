@@ -108,6 +108,11 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out);
 Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out);
 void destroy_communicator(comm_t comm);
 
+// Records a failure that involved peers: the communicator is broken (the first failure sticks),
+// its peers are told once, the failure is logged. The one way to break a communicator, for the
+// core's calls, the device path and the engine alike. INVALID_ARGUMENT (found before anything
+// moved) breaks nothing; after comm_abort the failure reads as ABORTED. Returns the failure.
+Status fail_communicator(comm_t comm, Status st);
 // Fails fast when the communicator is aborted or broken (with the error it broke with).
 Status check_usable(comm_t comm);
 // Stamps the tag (sequence number etc.) in issue order; call on the issuing thread.

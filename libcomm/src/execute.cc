@@ -41,11 +41,8 @@ void stamp(comm_t c, algo::CollArgs* args) {
   tag.seq = c->next_seq++;
 }
 
-namespace {
-
-// A failure that involved peers breaks the communicator; tell the peers so that ranks
-// waiting on someone else end promptly too.
-Status record_failure(comm_t c, Status st) {
+// Peers are told so that ranks waiting on someone else end promptly too (communicator.h).
+Status fail_communicator(comm_t c, Status st) {
   if (c->aborted.load(std::memory_order_acquire) && st.code() != COMM_ERR_ABORTED)
     st = Aborted(st.message() + " (the communicator was aborted)");
   if (st.code() == COMM_ERR_INVALID_ARGUMENT) return st;
@@ -58,6 +55,8 @@ Status record_failure(comm_t c, Status st) {
   COMM_WARN(kColl, "%s", st.message().c_str());
   return st;
 }
+
+namespace {
 
 // Which entry a call applied and why, once per entry and communicator (COMM_DEBUG=INFO).
 void note_first_use(comm_t c, const tuning::CallTuning& t, uint64_t bytes) {
@@ -90,7 +89,7 @@ Status execute(comm_t c, const algo::CollArgs& args) {
   }
   Status st = algo::run_collective(ctx, args, *forced, source);
   if (st.ok()) return st;
-  return record_failure(c, st.prefixed(context(c, args)));
+  return fail_communicator(c, st.prefixed(context(c, args)));
 }
 
 Status execute_p2p_batch(comm_t c, const std::vector<algo::CollArgs>& calls) {
@@ -126,7 +125,7 @@ Status execute_p2p_batch(comm_t c, const std::vector<algo::CollArgs>& calls) {
   }
   if (st.ok() && !ids.empty()) st = c->transport->wait(ids.data(), ids.size());
   if (st.ok()) return st;
-  return record_failure(c, st.prefixed(context(c, calls.front())));
+  return fail_communicator(c, st.prefixed(context(c, calls.front())));
 }
 
 Status run_blocking(comm_t c, algo::CollArgs args) {
@@ -176,7 +175,7 @@ void post_p2p(comm_t c, comm_request_s* req, std::vector<InFlight>* inflight) {
   if (st.ok())
     st = a.sendbuf != nullptr ? c->transport->isend(a.peer, a.tag, a.sendbuf, bytes, &id)
                               : c->transport->irecv(a.peer, a.tag, a.recvbuf, bytes, &id);
-  if (!st.ok()) return complete(c, req, record_failure(c, st.prefixed(context(c, a))));
+  if (!st.ok()) return complete(c, req, fail_communicator(c, st.prefixed(context(c, a))));
   inflight->push_back({req, id});
 }
 
@@ -193,7 +192,7 @@ void collect(comm_t c, std::vector<InFlight>* inflight, Status st) {
     }
   }
   if (st.ok()) return;
-  for (auto& f : *inflight) complete(c, f.req, record_failure(c, st.prefixed(context(c, f.req->args))));
+  for (auto& f : *inflight) complete(c, f.req, fail_communicator(c, st.prefixed(context(c, f.req->args))));
   inflight->clear();
 }
 

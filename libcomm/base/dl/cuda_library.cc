@@ -6,7 +6,7 @@
 #include <memory>
 #include <mutex>
 
-namespace comm::device {
+namespace comm::dl {
 namespace {
 
 // The majors libcomm knows how to call (the runtime API used here is stable across them).
@@ -125,4 +125,4 @@ const CudaLibrary& cuda_library(const std::string& override_path) {
   return *slot;
 }
 
-}  // namespace comm::device
+}  // namespace comm::dl

@@ -7,7 +7,7 @@
 
 #include <string>
 
-namespace comm::device {
+namespace comm::dl {
 
 struct CudaLibrary {
   std::string path;       // the name dlopen succeeded with ("" when none)
@@ -56,4 +56,4 @@ struct CudaLibrary {
 // says which library was found, whether the driver is there and new enough, how many devices.
 const CudaLibrary& cuda_library(const std::string& override_path);
 
-}  // namespace comm::device
+}  // namespace comm::dl

@@ -6,7 +6,7 @@
 #include <memory>
 #include <mutex>
 
-namespace comm::device {
+namespace comm::dl {
 namespace {
 
 constexpr int kOldestVersion = 21400;  // ncclCommInitRankConfig, ncclCommFinalize, nonblocking init
@@ -114,4 +114,4 @@ const NcclLibrary& nccl_library(const std::string& override_path) {
   return *slot;
 }
 
-}  // namespace comm::device
+}  // namespace comm::dl

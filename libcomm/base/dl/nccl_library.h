@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace comm::device {
+namespace comm::dl {
 
 struct NcclLibrary {
   std::string path;     // the name dlopen succeeded with
@@ -60,4 +60,4 @@ struct NcclLibrary {
 // replaces the default name libnccl.so.2.
 const NcclLibrary& nccl_library(const std::string& override_path);
 
-}  // namespace comm::device
+}  // namespace comm::dl

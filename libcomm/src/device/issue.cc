@@ -63,18 +63,7 @@ State::~State() {
 std::string State::where() const { return "rank " + std::to_string(comm->rank) + ", comm " + comm->id + ": "; }
 
 Status State::fail(Status st) {
-  if (st.ok()) return st;
-  if (comm->aborted.load(std::memory_order_acquire) && st.code() != COMM_ERR_ABORTED)
-    st = Aborted(st.message() + " (the communicator was aborted)");
-  if (st.code() == COMM_ERR_INVALID_ARGUMENT) return st;
-  bool first = false;
-  {
-    std::lock_guard<std::mutex> lock(comm->state_mu);
-    first = comm->set_broken_locked(st);
-  }
-  if (first && comm->transport) comm->transport->notify_peers(st);
-  COMM_WARN(kColl, "%s", st.message().c_str());
-  return st;
+  return st.ok() ? st : fail_communicator(comm, st);
 }
 
 Status State::wait_event(cudaEvent_t ev, const char* what) {

@@ -16,8 +16,14 @@
 #include "dl/cuda_library.h"
 #include "device/device.h"
 #include "dl/nccl_library.h"
+#include "nccl/nccl_calls.h"
 
 namespace comm::device {
+
+using dl::CudaLibrary;  // the dlopen shims (libcomm/base/dl/)
+using dl::NcclLibrary;
+using dl::cuda_library;
+using dl::nccl_library;
 
 class State {
  public:
@@ -39,6 +45,7 @@ class State {
   Status run_nccl(const algo::CollArgs& a, cudaStream_t stream, bool grouped);
   // Waits (bounded, abortable) while NCCL says ncclInProgress; converts a failure.
   Status settle(ncclResult_t r, const char* what);
+  nccl::WaitPolicy wait_policy() const;  // this communicator's timeout, abort flag and name
   void destroy_nccl();
 
   // ---- watchdog (watchdog.cc): NCCL's async errors and calls that never complete ----

@@ -88,6 +88,8 @@ class Engine {
   Status build(const std::vector<int>& order); // buckets + storage for this fill order
   Status make_buffer(size_t bytes, Buffer* out);
   Status rebuild_from_rank0();               // static graph, end of the first synced step
+  Status settle_unreported(const char* fn, double t_end);  // end(): gradients never reported
+  void record_bucket_numbers();              // end(): the step's stats and trace per bucket
   void mark_in_bucket(int p, double t_us);   // under mu: one gradient more in its bucket
   void copy_in(int p, const void* ptr);      // the gradient into its bucket (compressing)
   Status zero_slot(int p);

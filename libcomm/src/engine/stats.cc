@@ -1,0 +1,49 @@
+// What the last synced step did, for comm_engine_stats and comm_engine_unused.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "communicator.h"
+#include "dtype.h"
+#include "engine/engine.h"
+#include "engine/messages.h"
+#include "log.h"
+
+namespace comm::engine {
+
+void Engine::stats(comm_engine_stats_t* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comm_engine_stats_t s{};
+  s.size = out->size;
+  s.version = COMM_ENGINE_STATS_VERSION;
+  s.steps = steps_;
+  s.synced_steps = synced_steps_;
+  s.last_synced = last_synced_ ? 1 : 0;
+  s.num_buckets = static_cast<int>(buckets_.size());
+  s.layout_version = layout_version_;
+  if (synced_steps_ > 0) {
+    s.bytes = last_bytes_;
+    s.step_us = last_step_us_;
+    s.exposed_comm_us = last_exposed_us_;
+    const size_t nb = std::min(last_buckets_.size(), static_cast<size_t>(COMM_ENGINE_STATS_MAX_BUCKETS));
+    for (const auto& b : last_buckets_) {
+      s.comm_us += b.done_us - b.start_us;
+      s.wait_us += b.start_us - b.ready_us;
+    }
+    s.num_bucket_stats = static_cast<int>(nb);
+    std::copy(last_buckets_.begin(), last_buckets_.begin() + static_cast<std::ptrdiff_t>(nb), s.buckets);
+    s.num_unused = static_cast<int>(last_unused_.size());
+    for (size_t i = 0; i < last_unused_.size() && i < COMM_ENGINE_STATS_MAX_UNUSED; ++i) s.unused[i] = last_unused_[i];
+  }
+  s.overlap_ratio = s.comm_us > 0 ? std::clamp(1.0 - s.exposed_comm_us / s.comm_us, 0.0, 1.0) : 1.0;
+  std::memcpy(out, &s, std::min(out->size, sizeof s));
+}
+
+Status Engine::unused(int* indices, int capacity, int* count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *count = static_cast<int>(last_unused_.size());
+  for (int i = 0; i < capacity && i < *count; ++i) indices[i] = last_unused_[static_cast<size_t>(i)];
+  return Status::Ok();
+}
+
+}  // namespace comm::engine
