@@ -146,11 +146,11 @@ std::string chosen(const Call& call) {
     a.tag.coll = call.kind;
     a.tag.count = a.count;
     const Algorithm* algo = nullptr;
-    // As the communicator asks: a profile entry's algo, else COMM_ALGO (the profile drops its
-    // algo when COMM_ALGO is set), then the default rules.
-    const bool profile = !call.profile.empty();
-    Status st = comm::algo::select(ctx, a, profile ? call.profile : call.comm_algo, &algo,
-                                   profile ? "tuning profile entry #0" : "COMM_ALGO");
+    comm::algo::Overrides overrides;
+    overrides.forced = call.comm_algo;
+    overrides.profile = call.profile;
+    overrides.profile_source = "tuning profile entry #0";
+    Status st = comm::algo::select(ctx, a, overrides, &algo);
     const std::string name = st.ok() ? std::string(algo->name) : "error: " + st.message();
     if (r == 0) first = name;
     if (name != first) return "ranks disagree: " + first + " / " + name;
@@ -171,8 +171,8 @@ std::string grid() {
   return out.str();
 }
 
-// The choices as of the selector's consolidation (issue 13), with COMM_SMALL_MSG_BYTES and
-// COMM_SHM_SLOT_BYTES at their defaults; sizes 0, 8, 4K, 64K, 1M, 64M.
+// The choices as they were before selection moved into algorithms/select.cc (issue 13), with
+// COMM_SMALL_MSG_BYTES and COMM_SHM_SLOT_BYTES at their defaults; sizes 0, 8, 4K, 64K, 1M, 64M.
 const char* kPinned = R"(
 allreduce socket 2: recursive_doubling recursive_doubling recursive_doubling recursive_doubling ring ring
 allreduce socket 3: recursive_doubling recursive_doubling recursive_doubling recursive_doubling ring ring
@@ -331,6 +331,8 @@ TEST_CASE("selection: COMM_ALGO and a profile entry override the default rules a
   CHECK(chosen({CollKind::kAllreduce, m1, 4, Wire::kSocket, "", "recursive_doubling"}) == "recursive_doubling");
   CHECK(chosen({CollKind::kBroadcast, 8, 3, Wire::kSocket, "pipelined_chain", ""}) == "pipelined_chain");
   CHECK(chosen({CollKind::kAllreduce, m1, 8, Wire::kTwoHosts, "hierarchical", ""}) == "hierarchical");
+  // COMM_ALGO before the profile's (the profile drops its algo when COMM_ALGO is set anyway).
+  CHECK(chosen({CollKind::kAllreduce, 8, 4, Wire::kSocket, "ring", "recursive_doubling"}) == "ring");
   // Forced but "not me": the default rules decide.
   CHECK(chosen({CollKind::kAllreduce, m1, 4, Wire::kOneHost, "shm_slots", ""}) == "shm_direct");
   CHECK(chosen({CollKind::kAllreduce, k64, 4, Wire::kOneHost, "", "shm_slots"}) == "shm_direct");
