@@ -112,6 +112,17 @@ const Algorithm* first_runnable(const Context& ctx, const CollArgs& args) {
   return nullptr;
 }
 
+// Steps 3 and 4, what a call gets when no name is forced.
+const Algorithm* by_default(const Context& ctx, const CollArgs& args) {
+  if (const Algorithm* a = by_rule(ctx, args); a != nullptr && a->can_run(ctx, args)) return a;
+  return first_runnable(ctx, args);
+}
+
+[[gnu::cold]] [[gnu::noinline]] Status none_can_run(const Context& ctx, const CollArgs& args) {
+  return InvalidArgument("no algorithm can run " + transport::describe(args.tag) + " on " + std::to_string(ctx.size) +
+                         " ranks (peer " + std::to_string(args.peer) + ")");
+}
+
 std::string known_names() {
   std::string text;
   CollKind last = CollKind::kInternal;
@@ -161,7 +172,7 @@ std::string who(const char* source, std::string_view name) {
   return std::string(source) + ": algo=" + std::string(name);
 }
 
-void report_fallback(const Context& ctx, const CollArgs& args, const Algorithm* refused, const char* source,
+[[gnu::cold]] [[gnu::noinline]] void report_fallback(const Context& ctx, const CollArgs& args, const Algorithm* refused, const char* source,
                      std::string_view name, const Algorithm* chosen) {
   if (first_fallback(refused)) {
     COMM_WARN(kAlg, "%s cannot run %s on %d ranks; using %s instead (warned once)", who(source, name).c_str(),
@@ -172,10 +183,10 @@ void report_fallback(const Context& ctx, const CollArgs& args, const Algorithm* 
   }
 }
 
-}  // namespace
-
-Status select(const Context& ctx, const CollArgs& args, const Overrides& overrides, const Algorithm** out) {
-  *out = nullptr;
+// Steps 1 and 2, then 3 and 4 when neither named algorithm can run (kept out of the common
+// path: a call with nothing forced never comes here).
+[[gnu::noinline]] Status select_named(const Context& ctx, const CollArgs& args, const Overrides& overrides,
+                                      const Algorithm** out) {
   const Algorithm* chosen = nullptr;
   const Algorithm* refused = nullptr;  // the first named algorithm that said "not me"
   const char* refused_source = nullptr;
@@ -194,14 +205,20 @@ Status select(const Context& ctx, const CollArgs& args, const Overrides& overrid
       refused_name = step.name;
     }
   }
-  if (chosen == nullptr) {
-    if (const Algorithm* a = by_rule(ctx, args); a != nullptr && a->can_run(ctx, args)) chosen = a;
-  }
-  if (chosen == nullptr) chosen = first_runnable(ctx, args);
-  if (chosen == nullptr)
-    return InvalidArgument("no algorithm can run " + transport::describe(args.tag) + " on " + std::to_string(ctx.size) +
-                           " ranks (peer " + std::to_string(args.peer) + ")");
+  if (chosen == nullptr) chosen = by_default(ctx, args);
+  if (chosen == nullptr) return none_can_run(ctx, args);
   if (refused != nullptr) report_fallback(ctx, args, refused, refused_source, refused_name, chosen);
+  *out = chosen;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status select(const Context& ctx, const CollArgs& args, const Overrides& overrides, const Algorithm** out) {
+  *out = nullptr;
+  if (!overrides.forced.empty() || !overrides.profile.empty()) return select_named(ctx, args, overrides, out);
+  const Algorithm* chosen = by_default(ctx, args);
+  if (chosen == nullptr) return none_can_run(ctx, args);
   *out = chosen;
   return Status::Ok();
 }
