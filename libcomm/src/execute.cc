@@ -75,19 +75,17 @@ void note_first_use(comm_t c, const tuning::CallTuning& t, uint64_t bytes) {
 Status execute(comm_t c, const algo::CollArgs& args) {
   COMM_RETURN_IF_ERROR(check_usable(c));
   algo::Context ctx{*c->transport, c->rank, c->size, c->scratch, c->settings.chunk_bytes};
-  const std::string* forced = &c->settings.forced_algo;
-  const char* source = "COMM_ALGO";
+  algo::Overrides overrides;
+  overrides.forced = c->settings.forced_algo;
   const uint64_t bytes = tuning::call_bytes(args.kind, args.count, args.dtype, c->size);
   if (const tuning::CallTuning* t = c->tuning ? c->tuning->for_call(args.kind, bytes) : nullptr) {
-    if (!t->algo.empty()) {
-      forced = &t->algo;
-      source = t->source.c_str();
-    }
+    overrides.profile = t->algo;  // empty when COMM_ALGO is set: the environment beats the profile
+    overrides.profile_source = t->source.c_str();
     if (t->chunk_bytes != 0) ctx.chunk_bytes = t->chunk_bytes;
     if (t->shm_chunk_bytes != 0) ctx.shm_chunk_bytes = t->shm_chunk_bytes;
     note_first_use(c, *t, bytes);
   }
-  Status st = algo::run_collective(ctx, args, *forced, source);
+  Status st = algo::run_collective(ctx, args, overrides);
   if (st.ok()) return st;
   return fail_communicator(c, st.prefixed(context(c, args)));
 }

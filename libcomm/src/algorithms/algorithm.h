@@ -1,8 +1,9 @@
-// Host collective algorithms, written against transport.h only, and the registry that
-// picks one per call ({name, can_run, run} with fallback; COMM_ALGO forces a choice).
+// Host collective algorithms, written against transport.h only: the registry
+// ({name, can_run, run}, registry.cc) and the one selector that picks one per call (select.cc).
 #pragma once
 
 #include <cstddef>
+#include <string_view>
 #include <vector>
 
 #include "comm/comm.h"
@@ -43,18 +44,35 @@ struct Algorithm {
   Status (*run)(Context& ctx, const CollArgs& args);
 };
 
-// Every registered algorithm, in preference order per kind.
+// Every registered algorithm; within a collective, in fallback order.
 const std::vector<Algorithm>& registry();
 
-// Picks the algorithm for a call: `forced` (COMM_ALGO, may be "") names one; if it
-// cannot run this call, the next that can is used and the fallback is logged.
-// Unknown forced name: INVALID_ARGUMENT listing the known ones. `source` names where the
-// forced name came from, for the fallback message ("COMM_ALGO", "tuning profile entry #3").
-Status select(const Context& ctx, const CollArgs& args, const std::string& forced, const Algorithm** out,
-              const char* source = "COMM_ALGO");
+// What may override the default rules for one call, in the order select() tries them.
+struct Overrides {
+  std::string_view forced;   // COMM_ALGO; empty: none
+  std::string_view profile;  // the tuning profile entry's algo for this call's size; empty: none
+  const char* profile_source = "tuning profile";  // "tuning profile entry #3 (...)", for log lines
+};
+
+// Picks the algorithm for a call (select.cc): the forced name, then the profile's, if that
+// algorithm can run this call; else the default rules; else the first algorithm of the
+// collective, in registry order, that can run it. A named algorithm that cannot run is logged
+// (one warning per algorithm). An unknown name: INVALID_ARGUMENT listing the known ones.
+Status select(const Context& ctx, const CollArgs& args, const Overrides& overrides, const Algorithm** out);
 
 // Runs the call with the selected algorithm (size==1 and count==0 handled by the algorithms).
-Status run_collective(Context& ctx, const CollArgs& args, const std::string& forced,
-                      const char* source = "COMM_ALGO");
+Status run_collective(Context& ctx, const CollArgs& args, const Overrides& overrides);
+
+// The same with only a forced name (tests).
+inline Status select(const Context& ctx, const CollArgs& args, std::string_view forced, const Algorithm** out) {
+  Overrides overrides;
+  overrides.forced = forced;
+  return select(ctx, args, overrides, out);
+}
+inline Status run_collective(Context& ctx, const CollArgs& args, std::string_view forced) {
+  Overrides overrides;
+  overrides.forced = forced;
+  return run_collective(ctx, args, overrides);
+}
 
 }  // namespace comm::algo

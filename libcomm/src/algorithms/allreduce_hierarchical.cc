@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "algorithms/collectives.h"
-#include "algorithms/shm_direct.h"
+#include "algorithms/direct_run.h"
 #include "algorithms/subset_transport.h"
 
 namespace comm::algo {

@@ -6,7 +6,7 @@
 // which measured faster than process_vm_readv here: pinning the peer's pages on every call
 // cost more than a copy that stays in cache.
 #include "algorithms/collectives.h"
-#include "algorithms/shm_direct.h"
+#include "algorithms/direct_run.h"
 
 namespace comm::algo {
 

@@ -1,4 +1,4 @@
-// The algorithms the registry knows, one per file; registry.cc lists them in preference order.
+// The algorithms the registry knows, one per file; registry.cc lists them in fallback order.
 #pragma once
 
 #include "algorithms/algorithm.h"

@@ -19,7 +19,7 @@ struct CallTuning {
   const Entry* entry = nullptr;
   CollKind kind = CollKind::kInternal;
   uint64_t min_bytes = 0, max_bytes = 0;
-  std::string algo;            // "" = registry's choice
+  std::string algo;            // "" = the default rules (algorithms/select.cc)
   size_t chunk_bytes = 0;      // 0 = the communicator's COMM_CHUNK_BYTES
   size_t shm_chunk_bytes = 0;  // 0 = COMM_SHM_CHUNK_BYTES
   std::string applied;         // "algo=ring chunk_bytes=65536", for the log line

@@ -1,5 +1,6 @@
-// The direct reduce-scatter / all-gather over LocalAccess that the one-host and the
-// hierarchical all-reduce share. Local rank j owns slice j of the buffer; the call runs in
+// DirectRun, a helper rather than an algorithm: the direct reduce-scatter / all-gather over
+// LocalAccess that the one-host all-reduce (allreduce_shm_direct.cc) and the hierarchical one
+// (allreduce_hierarchical.cc) share. Local rank j owns slice j of the buffer; the call runs in
 // steps of one chunk per slice. Each step: every rank stages its input chunks of the others'
 // slices into its shared ring (unless peers read its input in place: comm_mem_alloc), each
 // owner reduces its chunk in local rank order (0, 1, 2, ... for every element, on one rank:

@@ -1,4 +1,4 @@
-#include "algorithms/shm_direct.h"
+#include "algorithms/direct_run.h"
 
 #include <algorithm>
 

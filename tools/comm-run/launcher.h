@@ -1,0 +1,69 @@
+// Starts the ranks and supervises them until the job ends: forwards signals, stops every rank
+// when one fails (SIGTERM, then SIGKILL after the grace period), enforces --timeout-s, passes
+// the ranks' output on, and decides comm-run's exit status.
+//
+// Signals are taken through a signalfd (blocked, then read in the poll loop), so there is no
+// handler and no global state; the children get the original mask back before exec.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "options.h"
+#include "rank_output.h"
+
+namespace comm_run {
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  int wait_status = 0;
+  bool signalled_by_us = false;
+  std::string prefix;
+  Stream out, err;
+};
+
+class Launcher {
+ public:
+  explicit Launcher(const Options& opt) : opt_(opt), ranks_(static_cast<size_t>(opt.nranks)) {}
+
+  // The whole job; returns comm-run's exit status.
+  int run();
+
+ private:
+  // Starting.
+  void start_all(const std::string& port, const std::string& run_id, const sigset_t& child_mask);
+  bool start(int rank, const std::vector<std::string>& env, const std::vector<int>& cpus,
+             const sigset_t& child_mask);
+  [[noreturn]] void exec_rank(int rank, const int* out_pipe, const int* err_pipe, const std::vector<int>& cpus,
+                              const sigset_t& child_mask, const std::vector<char*>& envp);
+  void attach_output(int rank, const int* out_pipe, const int* err_pipe);
+
+  // Supervising.
+  void supervise(int sfd, double deadline);
+  int poll_timeout_ms(double deadline) const;
+  void read_signals(int sfd);
+  void check_clocks(double deadline);
+  void signal_all(int sig);
+  void stop_all(int sig);
+  void reap();
+  void handle_signal(int sig);
+
+  // Ending.
+  void drain_output();
+  int report() const;
+
+  const Options& opt_;
+  std::vector<Rank> ranks_;
+  int running_ = 0;
+  int first_failure_ = -1;   // rank whose failure stopped the job
+  bool start_failed_ = false;
+  int interrupted_by_ = 0;   // the signal a user sent us
+  bool timed_out_ = false;
+  double kill_at_ = 0;       // when stopping: SIGKILL the survivors at this time
+};
+
+}  // namespace comm_run
