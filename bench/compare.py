@@ -11,18 +11,12 @@ to the best Gloo algorithm (> 1: libcomm is faster). Logs and JSON of every run 
 Ranks are local (comm-run; mpirun for MPI) or, with --netsim, one per simulated host.
 """
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 import nccl_log  # noqa: E402
-
-ROOT = os.path.dirname(HERE)
 
 
 def variants(args, build):
@@ -38,9 +32,7 @@ def variants(args, build):
         else:
             sys.exit(f"compare.py: unknown peer '{peer}' (mpi, gloo)")
     for name, prog, _ in out:
-        if not os.path.exists(prog):
-            sys.exit(f"compare.py: {prog} is not built ({name}); apt-get install libgloo-dev libopenmpi-dev "
-                     f"openmpi-bin, then meson setup --reconfigure and ninja")
+        benchlib.require_built("compare.py", name, prog, "libgloo-dev libopenmpi-dev openmpi-bin")
     return out
 
 
@@ -49,10 +41,10 @@ def command(args, build, name, prog, extra, json_path):
     if args.netsim is not None:
         if name == "mpi":
             sys.exit("compare.py: MPI under --netsim is not supported (mpirun launches its own ranks); drop mpi")
-        return [os.path.join(ROOT, "tools", "netsim", "netsim"), *args.netsim.split(), "--", *bench]
+        return benchlib.netsim(args.netsim.split(), bench)
     if name == "mpi":
         return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.np), *bench]
-    return [os.path.join(build, "tools", "comm-run", "comm-run"), "-n", str(args.np), "--quiet-prefix", "--", *bench]
+    return benchlib.comm_run(build, args.np, bench)
 
 
 def main(argv):
@@ -63,7 +55,7 @@ def main(argv):
     ap.add_argument("--libcomm-algos", default="", help="also run libcomm with these COMM_ALGO values")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--netsim", default=None, metavar="ARGS", help='run on simulated hosts: netsim ARGS, e.g. "--hosts 4 --rate 2gbit"')
-    ap.add_argument("--build", default=os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")))
+    benchlib.add_build_arg(ap)
     ap.add_argument("--out", default=None, help="folder for logs and JSON (default bench/results/compare-<time>)")
     ap.add_argument("--out-of-place", action="store_true",
                     help="compare out-of-place busbw (default in place: Gloo's algorithms are in place only, its "
@@ -71,36 +63,26 @@ def main(argv):
     ap.add_argument("bench_args", nargs="*", help="comm-bench arguments, after --")
     args = ap.parse_args(argv)
     build = os.path.abspath(args.build)
-    out_dir = args.out or os.path.join(HERE, "results", time.strftime("compare-%Y%m%d-%H%M%S"))
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = benchlib.results_dir(args.out, "compare")
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
 
     runs = variants(args, build)
     place = "out_of_place" if args.out_of_place else "in_place"
-    busbw = {}  # name -> size -> [busbw out of place]
+    busbw = {}  # name -> size -> {"busbw": [one per round]}
     for rnd in range(1, args.rounds + 1):
         for name, prog, extra in runs:
-            stem = os.path.join(out_dir, f"{name.replace(' ', '_')}.round{rnd}")
+            stem = benchlib.stem(out_dir, name, f"round{rnd}")
             cmd = command(args, build, name, prog, extra, stem + ".json")
-            print(f"# round {rnd}/{args.rounds}: {name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            with open(stem + ".log", "w") as f:
-                f.write(done.stdout)
-            if done.returncode != 0:
-                sys.stderr.write(done.stdout[-3000:])
-                sys.exit(f"compare.py: {name} failed (status {done.returncode}); log in {stem}.log")
-            # The table has two decimals; its JSON twin has them all.
-            with open(stem + ".json") as f:
-                rows = json.load(f)["rows"]
-            if len(rows) != len(nccl_log.parse(done.stdout, strict=False)["rows"]):
+            benchlib.announce(f"# round {rnd}/{args.rounds}: {name}: {' '.join(cmd)}")
+            output, rows = benchlib.run("compare.py", name, cmd, stem, env)
+            if len(rows) != len(nccl_log.parse(output, strict=False)["rows"]):
                 sys.exit(f"compare.py: {name}: the table and {stem}.json disagree")
-            for row in rows:
-                busbw.setdefault(name, {}).setdefault(row["size"], []).append(row[place]["busbw"])
+            benchlib.add_samples(busbw, name, rows, place, {"busbw": "busbw"})
 
     names = [n for n, _, _ in runs]
     gloo = [n for n in names if n.startswith("gloo")]
     sizes = sorted(busbw.get("libcomm", {}))
-    med = {n: {s: statistics.median(v) for s, v in busbw.get(n, {}).items()} for n in names}
+    med = {n: {s: v["busbw"] for s, v in benchlib.medians(busbw.get(n, {})).items()} for n in names}
     summary = {"bench_args": args.bench_args, "rounds": args.rounds, "netsim": args.netsim,
                "np": None if args.netsim else args.np, "sizes": []}
     peer_cols = [n for n in names if n != "libcomm"] + (["best gloo"] if gloo else [])
@@ -122,9 +104,7 @@ def main(argv):
             line += f"{ratio:>{width[n]}.3f}"
         summary["sizes"].append(entry)
         print(line)
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    print(f"# logs, JSON and summary.json in {out_dir}")
+    benchlib.write_summary(out_dir, summary)
     return 0
 
 

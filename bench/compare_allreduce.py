@@ -19,7 +19,6 @@ Limits: ordinary buffers must move >= 3.5x the buffer per rank (B / 3.5), comm_m
 buffers 2.5x (B / 2.5); the targets are checked at the end. Logs and JSON go to --out.
 """
 import argparse
-import json
 import os
 import re
 import statistics
@@ -27,20 +26,18 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 MALLOC_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
 
 
 def variants(args, build):
     bench = os.path.join(build, "bench")
-    run = os.path.join(build, "tools", "comm-run", "comm-run")
     mpi = ["mpirun", "--allow-run-as-root", "-np", str(args.np), "--bind-to", "core", "--map-by", "core"]
     if args.np > (os.cpu_count() or 1):
         mpi += ["--oversubscribe", "--bind-to", "none"]
-    local = [run, "-n", str(args.np), "--quiet-prefix", "--"]
-    out = [("libcomm", local + [os.path.join(bench, "comm-bench"), "-R", "0"], {}),
-           ("libcomm -R 1", local + [os.path.join(bench, "comm-bench"), "-R", "1"], {})]
+    out = [("libcomm", benchlib.comm_run(build, args.np, [os.path.join(bench, "comm-bench"), "-R", "0"]), {}),
+           ("libcomm -R 1", benchlib.comm_run(build, args.np, [os.path.join(bench, "comm-bench"), "-R", "1"]), {})]
     if "mpi" in args.peers:
         prog = os.path.join(bench, "comm-bench-mpi")
         out.append(("mpi", mpi + [prog], {}))
@@ -50,12 +47,11 @@ def variants(args, build):
         out.append(("mpi malloc", mpi + malloc + [prog], {}))
     if "gloo" in args.peers:
         for algo in args.gloo_algos.split(","):
-            out.append((f"gloo {algo}", local + [os.path.join(bench, "comm-bench-gloo"), "--algo", algo], {}))
+            out.append((f"gloo {algo}", benchlib.comm_run(build, args.np, [os.path.join(bench, "comm-bench-gloo"),
+                                                                             "--algo", algo]), {}))
     for name, cmd, _ in out:
         prog = next(c for c in cmd if c.startswith(bench))
-        if not os.path.exists(prog):
-            sys.exit(f"compare_allreduce.py: {prog} is not built ({name}); apt-get install openmpi-bin "
-                     "libopenmpi-dev libgloo-dev, then meson setup --reconfigure and ninja")
+        benchlib.require_built("compare_allreduce.py", name, prog, "openmpi-bin libopenmpi-dev libgloo-dev")
     return out
 
 
@@ -79,7 +75,7 @@ def copy_bandwidth(args, build):
 
 def table(rows, names, place, args, B):
     """Prints one placement's table; returns its per-size entries."""
-    med = {n: {s: {k: statistics.median(v) for k, v in d.items()} for s, d in rows[n].items()} for n in names}
+    med = benchlib.medians({n: rows[n] for n in names})
     gloo = [n for n in names if n.startswith("gloo")]
     mpi = [n for n in names if n.startswith("mpi")]
 
@@ -167,12 +163,11 @@ def main(argv):
                     help="rt: every run (every library alike) under chrt -f 1, so that other jobs on a shared "
                          "machine cannot preempt it; use short runs, it holds the cores while it runs")
     ap.add_argument("--pause", type=float, default=0, help="seconds to sleep between runs (leave the machine to others)")
-    ap.add_argument("--build", default=os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")))
+    benchlib.add_build_arg(ap)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     build = os.path.abspath(args.build)
-    out_dir = args.out or os.path.join(HERE, "results", time.strftime("allreduce-%Y%m%d-%H%M%S"))
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = benchlib.results_dir(args.out, "allreduce")
     common = ["-f", args.factor, "-z", "1", "-d", "float", "-o", "sum"]
     split = size_of(args.split)
     ranges = []  # (label, comm-bench arguments)
@@ -200,24 +195,14 @@ def main(argv):
             with open(os.path.join(out_dir, f"copy-bandwidth.round{rnd}.log"), "w") as f:
                 f.write(text)
         for (name, cmd, env), (part, sizes) in ((r, p) for r in runs for p in these):
-            stem = os.path.join(out_dir, f"{name.replace(' ', '_')}.{part}.round{rnd}")
+            stem = benchlib.stem(out_dir, name, part, f"round{rnd}")
             time.sleep(args.pause)
             full = prefix(args) + cmd + sizes + bench_args + ["--json", stem + ".json", "--label", name]
-            print(f"# round {rnd}/{total_rounds}: {name}: {' '.join(full)}", file=sys.stderr, flush=True)
-            done = subprocess.run(full, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True)
-            with open(stem + ".log", "w") as f:
-                f.write(done.stdout)
-            if done.returncode != 0:
-                sys.stderr.write(done.stdout[-3000:])
-                sys.exit(f"compare_allreduce.py: {name} failed (status {done.returncode}); log in {stem}.log")
-            with open(stem + ".json") as f:
-                for row in json.load(f)["rows"]:
-                    for place in ("out_of_place", "in_place"):
-                        r = rows.setdefault(place, {}).setdefault(name, {}).setdefault(
-                            row["size"], {"time_us": [], "busbw": []})
-                        r["time_us"].append(row[place]["time_us"])
-                        r["busbw"].append(row[place]["busbw"])
+            benchlib.announce(f"# round {rnd}/{total_rounds}: {name}: {' '.join(full)}")
+            _, json_rows = benchlib.run("compare_allreduce.py", name, full, stem, dict(os.environ, **env))
+            for place in ("out_of_place", "in_place"):
+                benchlib.add_samples(rows.setdefault(place, {}), name, json_rows, place,
+                                     {"time_us": "time_us", "busbw": "busbw"})
 
     B = statistics.median(limits)
     summary = {"np": args.np, "rounds": args.rounds, "small_rounds": total_rounds, "priority": args.priority, "B": B, "B_rounds": limits,
@@ -237,9 +222,7 @@ def main(argv):
         ok = value >= goal
         summary["targets"].append({"target": what, "value": value, "met": ok})
         print(f"#   {'met    ' if ok else 'MISSED '} {what}: {value:.2f}" + (" of the limit" if "%" in what else "x"))
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    print(f"# logs, JSON and summary.json in {out_dir}")
+    benchlib.write_summary(out_dir, summary)
     return 0
 
 

@@ -16,15 +16,11 @@ median time and busbw per size over the rounds, and UCX's ratio to the socket tr
 Logs and JSON of every run go to --out. A benchmark, not a test: CI does not run it.
 """
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 
 
 def variants(setting):
@@ -39,9 +35,8 @@ def variants(setting):
 def command(args, build, setting, json_path, label):
     bench = [os.path.join(build, "bench", "comm-bench"), *args.bench_args, "--json", json_path, "--label", label]
     if setting == "netsim":
-        return [os.path.join(ROOT, "tools", "netsim", "netsim"), "--hosts", str(args.hosts), "--rate", args.rate,
-                "--", *bench]
-    return [os.path.join(build, "tools", "comm-run", "comm-run"), "-n", str(args.np), "--quiet-prefix", "--", *bench]
+        return benchlib.netsim(["--hosts", str(args.hosts), "--rate", args.rate], bench)
+    return benchlib.comm_run(build, args.np, bench)
 
 
 def run_setting(args, build, setting, out_dir):
@@ -49,28 +44,19 @@ def run_setting(args, build, setting, out_dir):
     data = {}  # name -> size -> {"time": [...], "busbw": [...]}
     for rnd in range(1, args.rounds + 1):
         for name, extra_env in runs:
-            stem = os.path.join(out_dir, f"{setting}.{name.replace(' ', '_').replace('/', '_')}.round{rnd}")
+            stem = benchlib.stem(out_dir, setting, name, f"round{rnd}")
             cmd = command(args, build, setting, stem + ".json", name)
             env = dict(os.environ, UCX_MEM_EVENTS="no", **extra_env)
             if "UCX_TLS" not in extra_env:
                 env.pop("UCX_TLS", None)
                 env.pop("UCX_NET_DEVICES", None)
-            print(f"# {setting} round {rnd}/{args.rounds}: {name}: "
-                  f"{' '.join(f'{k}={v}' for k, v in extra_env.items())} {' '.join(cmd)}", file=sys.stderr, flush=True)
-            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            with open(stem + ".log", "w") as f:
-                f.write(done.stdout)
-            if done.returncode != 0:
-                sys.stderr.write(done.stdout[-3000:])
-                sys.exit(f"ucx_vs_socket.py: {setting} {name} failed (status {done.returncode}); log in {stem}.log")
-            with open(stem + ".json") as f:
-                for row in json.load(f)["rows"]:
-                    d = data.setdefault(name, {}).setdefault(row["size"], {"time": [], "busbw": []})
-                    d["time"].append(row["in_place"]["time_us"])
-                    d["busbw"].append(row["in_place"]["busbw"])
+            benchlib.announce(f"# {setting} round {rnd}/{args.rounds}: {name}: "
+                              f"{' '.join(f'{k}={v}' for k, v in extra_env.items())} {' '.join(cmd)}")
+            _, rows = benchlib.run("ucx_vs_socket.py", f"{setting} {name}", cmd, stem, env)
+            benchlib.add_samples(data, name, rows, "in_place", {"time": "time_us", "busbw": "busbw"})
     names = [n for n, _ in runs]
     sizes = sorted(data["socket"])
-    med = {n: {s: {k: statistics.median(v) for k, v in data[n][s].items()} for s in data[n]} for n in names}
+    med = benchlib.medians(data)
     where = (f"{args.np} ranks on this host" if setting == "loopback"
              else f"{args.hosts} netsim hosts, {args.rate} tbf links")
     print(f"\n## all-reduce, {where}: in place, median of {args.rounds} alternating rounds")
@@ -100,15 +86,14 @@ def main(argv):
     ap.add_argument("--rate", default="2gbit", help="netsim link rate per direction (tc syntax)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-netsim", action="store_true")
-    ap.add_argument("--build", default=os.environ.get("BUILD_DIR", os.path.join(ROOT, "build")))
+    benchlib.add_build_arg(ap)
     ap.add_argument("--out", default=None, help="folder for logs and JSON (default bench/results/ucx-<time>)")
     ap.add_argument("bench_args", nargs="*", help="comm-bench arguments, after -- (default -b 8 -e 16M -f 8 -n 20 -w 5)")
     args = ap.parse_args(argv)
     if not args.bench_args:
         args.bench_args = ["-b", "8", "-e", "16M", "-f", "8", "-n", "20", "-w", "5"]
     build = os.path.abspath(args.build)
-    out_dir = args.out or os.path.join(HERE, "results", time.strftime("ucx-%Y%m%d-%H%M%S"))
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = benchlib.results_dir(args.out, "ucx")
     settings = ["loopback"]
     if not args.no_netsim:
         if os.geteuid() == 0:
@@ -116,9 +101,7 @@ def main(argv):
         else:
             print("# netsim skipped: needs root (network namespaces)", file=sys.stderr)
     results = [run_setting(args, build, s, out_dir) for s in settings]
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump({"bench_args": args.bench_args, "rounds": args.rounds, "results": results}, f, indent=1)
-    print(f"# logs, JSON and summary.json in {out_dir}")
+    benchlib.write_summary(out_dir, {"bench_args": args.bench_args, "rounds": args.rounds, "results": results})
     return 0
 
 

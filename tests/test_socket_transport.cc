@@ -1,6 +1,8 @@
-// The socket transport with ranks as threads over an in-memory store, on this machine's
-// own addresses. Catch2 is not thread-safe: rank threads return what they saw and the
-// main thread checks it.
+// What only the socket transport has, with ranks as threads over an in-memory store on this
+// machine's own addresses: the handshake (strangers, secrets, malformed frames), setup
+// deadlines, the interface choice, striping over COMM_SOCKET_NCONNS, IPv6. transport.h's
+// contract is checked for every transport in transport_conformance.cc. Catch2 is not
+// thread-safe: rank threads return what they saw and the main thread checks it.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -23,8 +25,10 @@
 #include "socket/wire.h"
 #include "transport.h"
 #include "env_guard.h"
+#include "support/transport_test.h"
 
 using namespace comm;
+using namespace comm::testing;
 using namespace comm::transport;
 namespace topology = comm::topology;
 
@@ -55,10 +59,6 @@ Options options_for(int rank, int size, std::shared_ptr<Store> store, int timeou
   return o;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 struct World {
   std::shared_ptr<Store> store;
   std::vector<std::unique_ptr<Transport>> ranks;
@@ -82,29 +82,6 @@ World make_world(int n, int timeout_ms = kTestTimeoutMs) {
     REQUIRE(status[static_cast<size_t>(r)].ok());
   }
   return w;
-}
-
-// Runs body(rank) on one thread per rank; returns each rank's complaint ("" = fine).
-std::vector<std::string> run_ranks(int n, const std::function<std::string(int)>& body) {
-  std::vector<std::string> out(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[static_cast<size_t>(r)] = body(r); });
-  for (auto& t : threads) t.join();
-  return out;
-}
-
-OpTag tag(uint64_t seq, uint64_t count = 0, CollKind coll = CollKind::kAllreduce) {
-  OpTag t;
-  t.seq = seq;
-  t.coll = coll;
-  t.dtype = COMM_FLOAT32;
-  t.op = COMM_SUM;
-  t.count = count;
-  return t;
-}
-
-uint8_t pattern(int sender, size_t message, size_t i) {
-  return static_cast<uint8_t>(sender * 131 + message * 31 + i * 7 + (i >> 9) + (i >> 17));
 }
 
 int configured_nconns() {
@@ -138,233 +115,6 @@ std::string hello_bytes(int rank, int size, int index, int nconns, const std::st
 }
 
 }  // namespace
-
-TEST_CASE("ring exchange delivers every size intact on 2 to 5 ranks", "[socket]") {
-  const std::vector<size_t> sizes = {0, 1, 4097, size_t{1} << 20, (size_t{8} << 20) + 3};
-  for (int n = 2; n <= 5; ++n) {
-    SECTION("ranks " + std::to_string(n)) {
-      World w = make_world(n);
-      auto problems = run_ranks(n, [&](int r) -> std::string {
-        Transport& t = *w.ranks[static_cast<size_t>(r)];
-        int next = (r + 1) % n;
-        int prev = (r + n - 1) % n;
-        std::vector<std::vector<uint8_t>> out(sizes.size()), in(sizes.size());
-        for (size_t m = 0; m < sizes.size(); ++m) {
-          out[m].resize(sizes[m]);
-          for (size_t i = 0; i < sizes[m]; ++i) out[m][i] = pattern(r, m, i);
-          in[m].assign(sizes[m], 0xEE);
-        }
-        // All at once: small and striped messages interleave on the same connections, and
-        // some headers arrive before their receive is posted.
-        std::vector<RequestId> ids(2 * sizes.size());
-        for (size_t m = 0; m < sizes.size(); ++m) {
-          Status st = t.isend(next, tag(m, sizes[m]), out[m].data(), sizes[m], &ids[m]);
-          if (!st.ok()) return "isend: " + st.message();
-        }
-        for (size_t m = 0; m < sizes.size(); ++m) {
-          Status st = t.irecv(prev, tag(m, sizes[m]), in[m].data(), sizes[m], &ids[sizes.size() + m]);
-          if (!st.ok()) return "irecv: " + st.message();
-        }
-        Status st = t.wait(ids.data(), ids.size());
-        if (!st.ok()) return "wait: " + st.message();
-        for (size_t m = 0; m < sizes.size(); ++m)
-          for (size_t i = 0; i < sizes[m]; ++i)
-            if (in[m][i] != pattern(prev, m, i))
-              return "message " + std::to_string(m) + " byte " + std::to_string(i) + " is wrong";
-        // And one at a time through sendrecv, the way algorithms call it.
-        for (size_t m = 0; m < sizes.size(); ++m) {
-          std::fill(in[m].begin(), in[m].end(), 0xEE);
-          st = sendrecv(t, next, tag(100 + m, sizes[m]), out[m].data(), sizes[m], prev, in[m].data(), sizes[m]);
-          if (!st.ok()) return "sendrecv: " + st.message();
-          for (size_t i = 0; i < sizes[m]; ++i)
-            if (in[m][i] != pattern(prev, m, i))
-              return "sendrecv message " + std::to_string(m) + " byte " + std::to_string(i) + " is wrong";
-        }
-        return "";
-      });
-      for (int r = 0; r < n; ++r) {
-        INFO("rank " << r << " of " << n);
-        CHECK(problems[static_cast<size_t>(r)] == "");
-      }
-    }
-  }
-}
-
-TEST_CASE("messages sent before their receive is posted wait in the kernel and arrive intact", "[socket]") {
-  World w = make_world(2);
-  const std::vector<size_t> sizes = {10, (size_t{3} << 20) + 5, 0, 7};
-  auto problems = run_ranks(2, [&](int r) -> std::string {
-    Transport& t = *w.ranks[static_cast<size_t>(r)];
-    std::vector<std::vector<uint8_t>> bufs(sizes.size());
-    std::vector<RequestId> ids(sizes.size());
-    if (r == 1) {
-      for (size_t m = 0; m < sizes.size(); ++m) {
-        bufs[m].resize(sizes[m]);
-        for (size_t i = 0; i < sizes[m]; ++i) bufs[m][i] = pattern(1, m, i);
-        Status st = t.isend(0, tag(m, sizes[m]), bufs[m].data(), sizes[m], &ids[m]);
-        if (!st.ok()) return st.message();
-      }
-      Status st = t.wait(ids.data(), ids.size());
-      return st.ok() ? "" : st.message();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    for (size_t m = 0; m < sizes.size(); ++m) {
-      bufs[m].assign(sizes[m], 0);
-      Status st = t.irecv(1, tag(m, sizes[m]), bufs[m].data(), sizes[m], &ids[m]);
-      if (!st.ok()) return st.message();
-    }
-    // Completed out of order, one test() at a time.
-    for (size_t k = sizes.size(); k-- > 0;) {
-      bool done = false;
-      auto start = std::chrono::steady_clock::now();
-      while (!done) {
-        Status st = t.test(ids[k], &done);
-        if (!st.ok()) return st.message();
-        if (seconds_since(start) > 10) return "test() never completed";
-      }
-    }
-    for (size_t m = 0; m < sizes.size(); ++m)
-      for (size_t i = 0; i < sizes[m]; ++i)
-        if (bufs[m][i] != pattern(1, m, i)) return "message " + std::to_string(m) + " is wrong";
-    return "";
-  });
-  CHECK(problems[0] == "");
-  CHECK(problems[1] == "");
-}
-
-TEST_CASE("ranks that disagree on the call fail with INVALID_USAGE naming both sides", "[socket]") {
-  World w = make_world(2);
-  std::vector<float> out(101, 1.0f), in(100, 0.0f);
-  RequestId id;
-  REQUIRE(w.ranks[1]->isend(0, tag(3, 101), out.data(), 101 * sizeof(float), &id).ok());
-  REQUIRE(w.ranks[1]->wait(&id, 1).ok());  // small: handed to the kernel at once
-  REQUIRE(w.ranks[0]->irecv(1, tag(3, 100), in.data(), 100 * sizeof(float), &id).ok());
-  Status st = w.ranks[0]->wait(&id, 1);
-  CHECK(st.code() == COMM_ERR_INVALID_USAGE);
-  CHECK_THAT(st.message(), Catch::Contains("rank 1 called allreduce #3 (count 101, float32, sum)"));
-  CHECK_THAT(st.message(), Catch::Contains("rank 0 (this rank) called allreduce #3 (count 100, float32, sum)"));
-  // Sticky: the transport stays failed with the same status.
-  Status later = w.ranks[0]->isend(1, tag(4), nullptr, 0, &id);
-  CHECK(later.code() == COMM_ERR_INVALID_USAGE);
-  CHECK(later.message() == st.message());
-}
-
-TEST_CASE("same tag but a different length fails with INVALID_USAGE, not corrupt data", "[socket]") {
-  World w = make_world(2);
-  std::vector<uint8_t> out(404, 1), in(400, 0);
-  RequestId id;
-  REQUIRE(w.ranks[1]->isend(0, tag(7, 100), out.data(), out.size(), &id).ok());
-  REQUIRE(w.ranks[1]->wait(&id, 1).ok());
-  REQUIRE(w.ranks[0]->irecv(1, tag(7, 100), in.data(), in.size(), &id).ok());
-  Status st = w.ranks[0]->wait(&id, 1);
-  CHECK(st.code() == COMM_ERR_INVALID_USAGE);
-  CHECK_THAT(st.message(), Catch::Contains("404 bytes"));
-  CHECK_THAT(st.message(), Catch::Contains("400 bytes"));
-  CHECK(std::all_of(in.begin(), in.end(), [](uint8_t b) { return b == 0; }));
-}
-
-TEST_CASE("notify_peers reaches a rank that waits on someone else", "[socket]") {
-  World w = make_world(3);
-  Status waited;
-  double elapsed = 0;
-  std::thread rank2([&] {
-    std::vector<uint8_t> buf(100);
-    RequestId id;
-    auto start = std::chrono::steady_clock::now();
-    waited = w.ranks[2]->irecv(1, tag(5, 100), buf.data(), buf.size(), &id);
-    if (waited.ok()) waited = w.ranks[2]->wait(&id, 1);
-    elapsed = seconds_since(start);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  Status failure = InvalidUsage("rank 0 called broadcast #5 with root 2, the others root 1");
-  w.ranks[0]->notify_peers(failure);
-  rank2.join();
-  CHECK(waited.code() == COMM_ERR_INVALID_USAGE);
-  CHECK(waited.message() == "rank 0 reported: " + failure.message());
-  CHECK(elapsed < 5.0);
-  // The notifying rank is failed too, with its own reason.
-  RequestId id;
-  Status after = w.ranks[0]->isend(1, tag(6), nullptr, 0, &id);
-  CHECK(after.code() == COMM_ERR_INVALID_USAGE);
-  CHECK(after.message() == failure.message());
-  // Rank 1 sees the report at its next wait, also on a peer that did not fail.
-  std::vector<uint8_t> buf(8);
-  REQUIRE(w.ranks[1]->irecv(2, tag(5, 8), buf.data(), buf.size(), &id).ok());
-  Status r1 = w.ranks[1]->wait(&id, 1);
-  CHECK(r1.code() == COMM_ERR_INVALID_USAGE);
-  CHECK_THAT(r1.message(), Catch::StartsWith("rank 0 reported: "));
-}
-
-TEST_CASE("a non-usage failure is reported to peers as REMOTE", "[socket]") {
-  World w = make_world(2);
-  w.ranks[1]->notify_peers(Timeout("rank 1 waited on rank 7 for too long"));
-  std::vector<uint8_t> buf(8);
-  RequestId id;
-  REQUIRE(w.ranks[0]->irecv(1, tag(1, 8), buf.data(), buf.size(), &id).ok());
-  Status st = w.ranks[0]->wait(&id, 1);
-  CHECK(st.code() == COMM_ERR_REMOTE);
-  CHECK(st.message() == "rank 1 reported: rank 1 waited on rank 7 for too long");
-}
-
-TEST_CASE("a peer whose transport is destroyed mid-wait ends the wait with REMOTE", "[socket]") {
-  World w = make_world(2);
-  Status waited;
-  double elapsed = 0;
-  std::thread rank0([&] {
-    std::vector<uint8_t> buf(size_t{1} << 20);
-    RequestId id;
-    auto start = std::chrono::steady_clock::now();
-    waited = w.ranks[0]->irecv(1, tag(5, buf.size()), buf.data(), buf.size(), &id);
-    if (waited.ok()) waited = w.ranks[0]->wait(&id, 1);
-    elapsed = seconds_since(start);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  w.ranks[1].reset();
-  rank0.join();
-  CHECK(waited.code() == COMM_ERR_REMOTE);
-  CHECK_THAT(waited.message(), Catch::Contains("rank 1 closed its connection during allreduce #5"));
-  CHECK_THAT(waited.message(), Catch::Contains("did it exit or crash?"));
-  CHECK(elapsed < 5.0);
-}
-
-TEST_CASE("a wait with no progress times out after timeout_ms naming the peer", "[socket]") {
-  World w = make_world(2, 300);
-  std::vector<uint8_t> buf(400);
-  RequestId id;
-  REQUIRE(w.ranks[0]->irecv(1, tag(3, 100), buf.data(), buf.size(), &id).ok());
-  auto start = std::chrono::steady_clock::now();
-  Status st = w.ranks[0]->wait(&id, 1);
-  double elapsed = seconds_since(start);
-  CHECK(st.code() == COMM_ERR_TIMEOUT);
-  CHECK_THAT(st.message(), Catch::Contains("rank 1 (receive of allreduce #3 (count 100, float32, sum): 0 of 400"));
-  CHECK(elapsed >= 0.29);
-  CHECK(elapsed < 1.5);
-  CHECK(w.ranks[0]->isend(1, tag(4), nullptr, 0, &id).code() == COMM_ERR_TIMEOUT);
-  CHECK(w.ranks[0]->wait(&id, 0).code() == COMM_ERR_TIMEOUT);
-}
-
-TEST_CASE("abort from another thread ends a wait with ABORTED", "[socket]") {
-  World w = make_world(2);
-  Status waited;
-  double elapsed = 0;
-  std::thread rank0([&] {
-    std::vector<uint8_t> buf(64);
-    RequestId id;
-    auto start = std::chrono::steady_clock::now();
-    waited = w.ranks[0]->irecv(1, tag(9, 16), buf.data(), buf.size(), &id);
-    if (waited.ok()) waited = w.ranks[0]->wait(&id, 1);
-    elapsed = seconds_since(start);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  w.ranks[0]->abort();
-  rank0.join();
-  CHECK(waited.code() == COMM_ERR_ABORTED);
-  CHECK(elapsed < 5.0);
-  RequestId id;
-  CHECK(w.ranks[0]->isend(1, tag(10), nullptr, 0, &id).code() == COMM_ERR_ABORTED);
-  bool done = false;
-  CHECK(w.ranks[0]->test(id, &done).code() == COMM_ERR_ABORTED);
-}
 
 TEST_CASE("strangers at the listener are dropped and setup still completes", "[socket]") {
   auto store = memory_store(unique_store_name());
@@ -469,38 +219,6 @@ TEST_CASE("garbage from an authenticated peer closes its connection, never crash
   CHECK(st.code() == COMM_ERR_REMOTE);
   CHECK_THAT(st.message(), Catch::Contains("rank 1 sent a malformed frame"));
   for (int fd : fake) ::close(fd);
-}
-
-TEST_CASE("bad arguments are INVALID_ARGUMENT and leave the transport usable", "[socket]") {
-  World w = make_world(2);
-  RequestId id;
-  CHECK(w.ranks[0]->isend(0, tag(1), nullptr, 0, &id).code() == COMM_ERR_INVALID_ARGUMENT);
-  CHECK(w.ranks[0]->isend(2, tag(1), nullptr, 0, &id).code() == COMM_ERR_INVALID_ARGUMENT);
-  CHECK(w.ranks[0]->irecv(1, tag(1), nullptr, 8, &id).code() == COMM_ERR_INVALID_ARGUMENT);
-  CHECK(w.ranks[0]->wait(&id, 1).code() == COMM_ERR_INVALID_ARGUMENT);  // never issued
-  // Still usable: an exchange goes through.
-  uint8_t out = 7, in = 0;
-  RequestId ids[2];
-  REQUIRE(w.ranks[1]->isend(0, tag(1, 1), &out, 1, &ids[0]).ok());
-  REQUIRE(w.ranks[0]->irecv(1, tag(1, 1), &in, 1, &ids[1]).ok());
-  CHECK(w.ranks[0]->wait(&ids[1], 1).ok());
-  CHECK(w.ranks[1]->wait(&ids[0], 1).ok());
-  CHECK(in == 7);
-}
-
-TEST_CASE("request pool exhaustion is INTERNAL with a clear message", "[socket]") {
-  World w = make_world(2);
-  std::vector<RequestId> ids;
-  Status st;
-  uint8_t sink[1];
-  for (int i = 0; i < 5000 && st.ok(); ++i) {
-    RequestId id;
-    st = w.ranks[0]->irecv(1, tag(static_cast<uint64_t>(i)), sink, 0, &id);
-    if (st.ok()) ids.push_back(id);
-  }
-  CHECK(ids.size() == 4096);
-  CHECK(st.code() == COMM_ERR_INTERNAL);
-  CHECK_THAT(st.message(), Catch::Contains("request slots"));
 }
 
 TEST_CASE("a single-rank transport needs no network", "[socket]") {

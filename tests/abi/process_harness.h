@@ -1,5 +1,6 @@
 // Real processes for the ABI tests: rank_worker started N times with posix_spawn and
 // torchrun's environment, each writing one fact per line to its own file, judged afterwards.
+// Every process test spawns, waits, kills and reads its ranks through this file alone.
 #pragma once
 
 #include <arpa/inet.h>
@@ -12,14 +13,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "harness.h"
 
@@ -62,19 +67,28 @@ class TempDir {
   std::string path_;
 };
 
-inline int free_port() {
+// A TCP socket bound to `address` (host order, e.g. INADDR_LOOPBACK) on a port the kernel
+// picks; *port is that port. -1 on failure.
+inline int bound_socket(in_addr_t address, int* port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(address);
   a.sin_port = 0;
   socklen_t len = sizeof a;
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
   }
-  close(fd);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+inline int free_port() {
+  int port = -1;
+  const int fd = bound_socket(INADDR_LOOPBACK, &port);
+  if (fd >= 0) close(fd);
   return port;
 }
 
@@ -250,5 +264,114 @@ inline Single run_single(const TempDir& dir, const std::string& name, const Env&
   return s;
 }
 
+// A job: n ranks of `mode` started at once, waited on until limit_ms from now (stragglers
+// are killed; `ended` says whether none was).
+struct Job {
+  std::vector<Proc> procs;
+  bool ended = false;
+};
+inline Job run_job(const TempDir& dir, const std::string& mode, int n, const std::function<Env(int rank)>& env_of,
+                   double limit_ms) {
+  Job job;
+  job.procs = launch(dir, mode, n, env_of);
+  job.ended = wait_all(job.procs, now_ms() + limit_ms);
+  return job;
+}
+
+// Every rank finished cleanly (DONE 0, no FAIL line), printed at least min_hashes HASH lines,
+// and every HASH line matches rank 0's of the same label. With every_label_on_rank0 a label
+// rank 0 did not print is a mismatch too (all ranks run the same calls).
+inline void check_done_and_identical(const std::vector<Proc>& procs, int min_hashes, bool every_label_on_rank0) {
+  std::map<std::string, std::string> rank0;
+  for (size_t r = 0; r < procs.size(); ++r) {
+    const std::string out = procs[r].output();
+    INFO("rank " << r);
+    CHECK(procs[r].exited_zero());
+    CHECK(line_after(out, "DONE ").value_or("missing") == "0");
+    CHECK(!line_after(out, "FAIL ").has_value());
+    std::istringstream in(out);
+    std::string line;
+    int hashes = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind("HASH ", 0) != 0) continue;
+      ++hashes;
+      const auto space = line.rfind(' ');
+      const std::string label = line.substr(5, space - 5), hash = line.substr(space + 1);
+      if (r == 0) {
+        rank0[label] = hash;
+      } else if (every_label_on_rank0 || rank0.count(label)) {
+        INFO(label);
+        CHECK(rank0[label] == hash);
+      }
+    }
+    CHECK(hashes >= min_hashes);
+  }
+}
+
+// Every rank's output contains each of `words` (what its log must show).
+inline void check_outputs_contain(const std::vector<Proc>& procs, const std::vector<std::string>& words) {
+  for (size_t r = 0; r < procs.size(); ++r) {
+    const std::string out = procs[r].output();
+    INFO("rank " << r);
+    for (const auto& w : words) {
+      INFO("the output should contain \"" << w << "\"");
+      CHECK(out.find(w) != std::string::npos);
+    }
+  }
+}
+
+// The "kill" mode's victim, SIGKILLed inside its third all-reduce (the first two show the job
+// is up and moving); then every rank is waited on until timeout_ms + 1 s after the kill, plus
+// slack for the survivors to report.
+struct Kill {
+  bool in_third = false;  // the victim reached its third iteration
+  double killed_at = 0;   // now_ms() of the kill
+};
+inline Kill kill_in_third_iteration(std::vector<Proc>& procs, int victim, int timeout_ms) {
+  Kill k;
+  const double t0 = now_ms();
+  while (!k.in_third && now_ms() - t0 < 120000) {
+    k.in_third = procs[victim].output().find("ITER 2\n") != std::string::npos;
+    if (!k.in_third) usleep(2000);
+  }
+  usleep(30000);
+  k.killed_at = now_ms();
+  kill(procs[victim].pid, SIGKILL);
+  wait_all(procs, k.killed_at + timeout_ms + 1000 + 15000);
+  return k;
+}
+
+// A survivor's "END status ended_at call_ms" line.
+struct EndLine {
+  bool present = false;
+  int status = -1;
+  double ended_at = 0;
+  double call_ms = 0;
+};
+inline EndLine end_line(const std::string& out) {
+  EndLine l;
+  if (auto s = line_after(out, "END ")) {
+    l.present = true;
+    std::istringstream(*s) >> l.status >> l.ended_at >> l.call_ms;
+  }
+  return l;
+}
+
+// Every survivor of kill_in_third_iteration exited cleanly, its all-reduce ending with one of
+// `allowed` within timeout_ms + 1 s of the kill, and because of it (not before).
+inline void check_survivors(const std::vector<Proc>& procs, int victim, const Kill& kill, int timeout_ms,
+                            const std::vector<int>& allowed) {
+  for (int r = 0; r < static_cast<int>(procs.size()); ++r) {
+    if (r == victim) continue;
+    INFO("survivor rank " << r);
+    CHECK(procs[r].exited_zero());
+    const EndLine end = end_line(procs[r].output());
+    REQUIRE(end.present);
+    INFO("status " << end.status << ", returned " << (end.ended_at - kill.killed_at) << " ms after the kill");
+    CHECK(std::find(allowed.begin(), allowed.end(), end.status) != allowed.end());
+    CHECK(end.ended_at - kill.killed_at <= timeout_ms + 1000);
+    CHECK(end.ended_at - kill.killed_at > -100);
+  }
+}
 
 }  // namespace abi

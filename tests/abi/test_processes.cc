@@ -1,14 +1,13 @@
 // What only real processes show: rendezvous through torchrun's environment (env://), a rank
 // killed with SIGKILL, bad launcher variables, ports in use or unreachable, ranks started
 // with different settings, and garbage sent to the job's listening ports. The harness
-// starts rank_worker N times with posix_spawn and judges its one-fact-per-line output.
+// (process_harness.h) starts rank_worker N times with posix_spawn and judges its
+// one-fact-per-line output.
 // Run one at a time (is_parallel: false): several of these measure deadlines.
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -79,33 +78,10 @@ TEST_CASE("processes: a cross-section of every collective with 3 and 4 real proc
   TempDir dir;
   for (int n : {3, 4}) {
     const int port = free_port();
-    auto procs = launch(dir, "collectives", n, [&](int r) { return torchrun_env(r, n, port, 30000); });
-    const bool ended = wait_all(procs, now_ms() + 240000);
-    INFO(n << " processes:\n" << describe_all(procs));
-    CHECK(ended);
-    std::map<std::string, std::string> rank0_hashes;
-    for (int r = 0; r < n; ++r) {
-      const std::string out = procs[r].output();
-      CHECK(procs[r].exited_zero());
-      CHECK(line_after(out, "DONE ").value_or("missing") == "0");
-      CHECK(!line_after(out, "FAIL ").has_value());
-      std::istringstream in(out);
-      std::string line;
-      int hashes = 0;
-      while (std::getline(in, line)) {
-        if (line.rfind("HASH ", 0) != 0) continue;
-        ++hashes;
-        const auto space = line.rfind(' ');
-        const std::string label = line.substr(5, space - 5), hash = line.substr(space + 1);
-        if (r == 0) {
-          rank0_hashes[label] = hash;
-        } else {
-          INFO("rank " << r << ": " << label);
-          CHECK(rank0_hashes[label] == hash);
-        }
-      }
-      CHECK(hashes >= 15);
-    }
+    Job job = run_job(dir, "collectives", n, [&](int r) { return torchrun_env(r, n, port, 30000); }, 240000);
+    INFO(n << " processes:\n" << describe_all(job.procs));
+    CHECK(job.ended);
+    check_done_and_identical(job.procs, 15, /*every_label_on_rank0=*/true);
   }
 }
 
@@ -116,37 +92,17 @@ TEST_CASE("processes: SIGKILL of a rank during a 64 MiB allreduce: every survivo
   const int n = 3, victim = 1, timeout_ms = 3000;
   const int port = free_port();
   auto procs = launch(dir, "kill", n, [&](int r) { return torchrun_env(r, n, port, timeout_ms); });
-  // Kill the victim inside its third all-reduce (the first two show the job is up and moving).
-  const double t0 = now_ms();
-  bool in_third = false;
-  while (!in_third && now_ms() - t0 < 120000) {
-    in_third = procs[victim].output().find("ITER 2\n") != std::string::npos;
-    if (!in_third) usleep(2000);
-  }
-  usleep(30000);
-  const double killed_at = now_ms();
-  kill(procs[victim].pid, SIGKILL);
-  wait_all(procs, killed_at + timeout_ms + 1000 + 15000);
+  const Kill kill = kill_in_third_iteration(procs, victim, timeout_ms);
   INFO("outputs:\n" << describe_all(procs));
-  REQUIRE(in_third);
+  REQUIRE(kill.in_third);
   CHECK((WIFSIGNALED(procs[victim].wstatus) && WTERMSIG(procs[victim].wstatus) == SIGKILL));
+  check_survivors(procs, victim, kill, timeout_ms, {COMM_ERR_REMOTE, COMM_ERR_TIMEOUT});
   for (int r = 0; r < n; ++r) {
     if (r == victim) continue;
-    const std::string out = procs[r].output();
     INFO("survivor rank " << r);
-    CHECK(procs[r].exited_zero());
-    const auto end = line_after(out, "END ");
-    REQUIRE(end.has_value());
-    int status = -1;
-    double ended_at = 0, call_ms = 0;
-    std::istringstream(*end) >> status >> ended_at >> call_ms;
-    INFO("status " << status << ", returned " << (ended_at - killed_at) << " ms after the kill");
-    CHECK((status == COMM_ERR_REMOTE || status == COMM_ERR_TIMEOUT));
-    CHECK(ended_at - killed_at <= timeout_ms + 1000);
-    CHECK(ended_at - killed_at > -100);  // it failed because of the kill, not before it
     long destroy_ms = -1;
     int destroy_status = -1;
-    if (auto d = line_after(out, "DESTROY ")) std::istringstream(*d) >> destroy_status >> destroy_ms;
+    if (auto d = line_after(procs[r].output(), "DESTROY ")) std::istringstream(*d) >> destroy_status >> destroy_ms;
     CHECK(destroy_ms >= 0);
     CHECK(destroy_ms <= timeout_ms + 1000);
   }
@@ -187,16 +143,10 @@ TEST_CASE("processes: malformed launcher variables are COMM_ERR_INVALID_ARGUMENT
 TEST_CASE("processes: MASTER_PORT already in use: rank 0's init is COMM_ERR_SYSTEM naming the port", "[process]") {
   TempDir dir;
   // Hold a listening socket on every address, so rank 0's store cannot bind.
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  int port = -1;
+  const int fd = bound_socket(INADDR_ANY, &port);
+  REQUIRE(fd >= 0);
   REQUIRE(listen(fd, 4) == 0);
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  const int port = ntohs(a.sin_port);
   const Single s = run_single(dir, "port-in-use", torchrun_env(0, 2, port, 2000), 15000);
   close(fd);
   INFO("port " << port << ": " << s.proc.how() << "\n" << s.proc.output());
