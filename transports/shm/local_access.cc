@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 
+#include "common/wire_check.h"
 #include "shm/shm_transport_impl.h"
 
 namespace comm::transport::shm {
@@ -90,8 +91,7 @@ Status ShmTransport::wait_slot(int i) {
           if (l->posted.value.load(std::memory_order_acquire) >= call_) {
             const OpTag theirs = op_tag(l->desc[call_ % 2].tag);
             if (!(theirs == tag_))
-              return InvalidUsage(who(i) + " called " + describe(theirs) + " but rank " + std::to_string(rank()) +
-                                  " (this rank) called " + describe(tag_));
+              return call_mismatch(who(i), theirs, "rank " + std::to_string(rank()) + " (this rank)", tag_);
           }
           if (!timed_out) return Status::Ok();
           return Timeout("no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
@@ -101,8 +101,7 @@ Status ShmTransport::wait_slot(int i) {
   }
   const OpTag theirs = op_tag(h->tag);
   if (!(theirs == tag_))
-    return fail(InvalidUsage(who(i) + " called " + describe(theirs) + " but rank " + std::to_string(rank()) +
-                             " (this rank) called " + describe(tag_)));
+    return fail(call_mismatch(who(i), theirs, "rank " + std::to_string(rank()) + " (this rank)", tag_));
   return Status::Ok();
 }
 
@@ -116,7 +115,7 @@ Status ShmTransport::wait_posted(int i) {
   const OpTag theirs = op_tag(p.desc.tag);
   auto us = [&] { return "rank " + std::to_string(rank()) + " (this rank)"; };  // error messages only
   if (!(theirs == tag_))
-    return fail(InvalidUsage(who(i) + " called " + describe(theirs) + " but " + us() + " called " + describe(tag_)));
+    return fail(call_mismatch(who(i), theirs, us(), tag_));
   const CallDesc& mine = my_lines_->desc[call_ % 2];
   if (p.desc.chunk_bytes != mine.chunk_bytes || p.desc.bytes != mine.bytes)
     return fail(InvalidUsage(who(i) + " pipelines " + describe(tag_) + " in chunks of " +

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/wire_check.h"
 #include "shm/shm_transport_impl.h"
 
 namespace comm::transport::shm {
@@ -56,26 +57,6 @@ SlotHeader* ShmTransport::slot_of(ChannelHead* ch, uint64_t n) const {
 
 // ---- requests --------------------------------------------------------------------------------
 
-Status ShmTransport::lookup(RequestId id, uint32_t* index) const {
-  const uint32_t i = id & (kPoolSize - 1);
-  const Request& r = pool_[i];
-  if (!r.active || r.generation != (id >> kPoolBits))
-    return InvalidArgument("shm transport: request id " + std::to_string(id) + " is unknown or already completed");
-  *index = i;
-  return Status::Ok();
-}
-
-void ShmTransport::release(uint32_t index) {
-  Request& r = pool_[index];
-  if (!r.active) return;  // the same id listed twice in one wait
-  r.active = false;
-  r.generation = (r.generation + 1) & ((1u << (32 - kPoolBits)) - 1);
-  if (r.generation == 0) r.generation = 1;
-  r.next = free_head_;
-  free_head_ = index;
-  --active_;
-}
-
 void ShmTransport::push(Queue& q, uint32_t index) {
   pool_[index].next = kNil;
   if (q.tail == kNil)
@@ -102,13 +83,9 @@ Status ShmTransport::post_request(bool is_send, int peer, const OpTag& tag, char
                            std::to_string(rank()) + ")");
   if (buf == nullptr && bytes > 0)
     return InvalidArgument("shm transport: null buffer for " + std::to_string(bytes) + " bytes");
-  if (free_head_ == kNil)
-    return Internal("shm transport: all " + std::to_string(kPoolSize) +
-                    " request slots are in use; every isend/irecv must be completed by wait() or test()");
-  const uint32_t index = free_head_;
+  uint32_t index;
+  COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
   Request& r = pool_[index];
-  free_head_ = r.next;
-  r.active = true;
   r.is_send = is_send;
   r.done = false;
   r.peer = i;
@@ -118,7 +95,6 @@ Status ShmTransport::post_request(bool is_send, int peer, const OpTag& tag, char
   r.moved = 0;
   r.until_tail = 0;
   ++active_;
-  *id = (r.generation << kPoolBits) | index;
   Peer& p = peers_[static_cast<size_t>(i)];
   if (is_send) {
     const bool idle = p.sends.empty();
@@ -223,7 +199,7 @@ Status ShmTransport::recv_progress(int i, bool* moved) {
     const SlotHeader* sh = slot_of(ch, tail);
     const OpTag got = from_wire(sh->tag);
     if (!(got == r.tag))
-      return fail(InvalidUsage(who(i) + " called " + describe(got) + " but " + us() + " called " + describe(r.tag)));
+      return fail(call_mismatch(who(i), got, us(), r.tag));
     if (sh->total_bytes != r.bytes)
       return fail(InvalidUsage(who(i) + " sent " + std::to_string(sh->total_bytes) + " bytes for " + describe(got) +
                                " but " + us() + " expects " + std::to_string(r.bytes) + " bytes for it"));
@@ -279,7 +255,7 @@ Status ShmTransport::one_sided_disagreement(int i, const OpTag& mine) {
   if (theirs == mine)
     return InvalidUsage(who(i) + " runs " + describe(mine) + " with a one-sided shared-memory algorithm but " + us +
                         " expects a message from it: do the ranks force different algorithms (COMM_ALGO)?");
-  return InvalidUsage(who(i) + " called " + describe(theirs) + " but " + us + " called " + describe(mine));
+  return call_mismatch(who(i), theirs, us, mine);
 }
 
 Status ShmTransport::channel_disagreement(int i, const OpTag& mine) {
@@ -289,8 +265,7 @@ Status ShmTransport::channel_disagreement(int i, const OpTag& mine) {
   if (tail >= head) return Status::Ok();
   const OpTag got = from_wire(slot_of(ch, tail)->tag);
   if (got.coll == CollKind::kSendRecv || got.seq != mine.seq || got == mine) return Status::Ok();
-  return InvalidUsage(who(i) + " called " + describe(got) + " but rank " + std::to_string(rank()) +
-                      " (this rank) called " + describe(mine));
+  return call_mismatch(who(i), got, "rank " + std::to_string(rank()) + " (this rank)", mine);
 }
 
 Status ShmTransport::request_stuck(const Request& r, bool timed_out, std::string* text) {

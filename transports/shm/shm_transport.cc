@@ -37,12 +37,8 @@ ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const 
   ranks_per_host_ = per_host.empty() ? 0 : per_host[0];
   for (int c : per_host)
     if (c != ranks_per_host_) ranks_per_host_ = 0;
-  // Touched once here, reused for every message.
-  pool_.resize(kPoolSize);
-  for (uint32_t i = 0; i < kPoolSize; ++i) pool_[i].next = i + 1 < kPoolSize ? i + 1 : kNil;
-  free_head_ = 0;
   // Spin long only when every local rank can have a core; otherwise sleep almost at once
-  // and leave the core to the peer we wait for (DESIGN.md: progress without burning the machine).
+  // and leave the core to the peer we wait for (docs/design.md, "Progress without burning the machine").
   int64_t spin_us = -1;
   if (!params::get_int("COMM_SHM_SPIN_US", -1, 1000000, &spin_us).ok()) spin_us = -1;
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -147,14 +143,10 @@ void ShmTransport::notify_peers(const Status& failure) {
 
 Status ShmTransport::wait(const RequestId* ids, size_t n) {
   COMM_RETURN_IF_ERROR(usable());
-  if (n > 0 && ids == nullptr) return InvalidArgument("shm transport: null request id list");
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t index;
-    COMM_RETURN_IF_ERROR(lookup(ids[i], &index));
-  }
+  COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
   auto all_done = [&] {
     for (size_t i = 0; i < n; ++i)
-      if (!pool_[ids[i] & (kPoolSize - 1)].done) return false;
+      if (!pool_.of(ids[i]).done) return false;
     return true;
   };
   Status st = await(
@@ -166,7 +158,7 @@ Status ShmTransport::wait(const RequestId* ids, size_t n) {
       [&](bool timed_out) {
         std::string text;
         for (size_t i = 0; i < n; ++i) {
-          const Request& r = pool_[ids[i] & (kPoolSize - 1)];
+          const Request& r = pool_.of(ids[i]);
           if (!r.done) COMM_RETURN_IF_ERROR(request_stuck(r, timed_out, &text));
         }
         if (timed_out)
@@ -176,29 +168,25 @@ Status ShmTransport::wait(const RequestId* ids, size_t n) {
         return Status::Ok();
       });
   COMM_RETURN_IF_ERROR(st);
-  for (size_t i = 0; i < n; ++i) release(ids[i] & (kPoolSize - 1));
+  for (size_t i = 0; i < n; ++i) release(decltype(pool_)::index_of(ids[i]));
   return Status::Ok();
 }
 
 Status ShmTransport::wait_some(const RequestId* ids, size_t n) {
   COMM_RETURN_IF_ERROR(usable());
   if (n == 0) return Status::Ok();
-  if (ids == nullptr) return InvalidArgument("shm transport: null request id list");
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t index;
-    COMM_RETURN_IF_ERROR(lookup(ids[i], &index));
-  }
+  COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
   return await(
       [&](bool* done, bool* moved) {
         COMM_RETURN_IF_ERROR(progress(moved));
-        for (size_t i = 0; i < n && !*done; ++i) *done = pool_[ids[i] & (kPoolSize - 1)].done;
+        for (size_t i = 0; i < n && !*done; ++i) *done = pool_.of(ids[i]).done;
         if (woken_.exchange(false, std::memory_order_acq_rel)) *done = true;
         return Status::Ok();
       },
       [&](bool timed_out) {
         std::string text;
         for (size_t i = 0; i < n; ++i) {
-          const Request& r = pool_[ids[i] & (kPoolSize - 1)];
+          const Request& r = pool_.of(ids[i]);
           if (!r.done) COMM_RETURN_IF_ERROR(request_stuck(r, timed_out, &text));
         }
         if (timed_out)
@@ -213,7 +201,7 @@ Status ShmTransport::test(RequestId id, bool* done) {
   COMM_RETURN_IF_ERROR(usable());
   if (done == nullptr) return InvalidArgument("shm transport: null done pointer");
   uint32_t index;
-  COMM_RETURN_IF_ERROR(lookup(id, &index));
+  COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));
   Request& r = pool_[index];
   if (!r.done) {
     bool moved = false;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/request_pool.h"
 #include "shm/domain.h"
 #include "shm/futex.h"
 #include "shm/layout.h"
@@ -20,8 +21,7 @@
 
 namespace comm::transport::shm {
 
-constexpr uint32_t kPoolBits = 10;
-constexpr uint32_t kPoolSize = 1u << kPoolBits;  // requests in flight at once
+constexpr uint32_t kPoolBits = 10;  // 1024 requests in flight at once
 constexpr uint32_t kNil = UINT32_MAX;
 constexpr long kSliceNs = 20 * 1000 * 1000;  // futex sleeps: abort, deaths and deadlines between slices
 constexpr long kFirstSliceNs = 100 * 1000;   // ... starting this short and doubling
@@ -35,8 +35,7 @@ struct Geometry {
   size_t zero_copy_min = 0;  // messages from this size are read from the sender's buffer
 };
 
-struct Request {
-  bool active = false;
+struct Request {  // in the transport's RequestPool (transports/common/request_pool.h)
   bool is_send = false;
   bool done = false;
   int peer = -1;  // local index
@@ -46,7 +45,6 @@ struct Request {
   size_t moved = 0;          // bytes copied into (send) or out of (receive) the channel so far
   uint64_t until_tail = 0;   // zero-copy send: done once the receiver's tail reaches this
   uint32_t next = kNil;      // the queue it is in
-  uint32_t generation = 1;
 };
 
 struct Queue {
@@ -149,8 +147,9 @@ class ShmTransport final : public Transport, public LocalAccess {
 
   // ---- requests and channels (progress.cc)
   Status post_request(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
-  Status lookup(RequestId id, uint32_t* index) const;
-  void release(uint32_t index);
+  void release(uint32_t index) {
+    if (pool_.release(index)) --active_;
+  }
   void push(Queue& q, uint32_t index);
   uint32_t pop(Queue& q);
   Status progress(bool* moved);
@@ -183,8 +182,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   ControlLines* my_lines_ = nullptr;
   ControlHeader* my_header_ = nullptr;
 
-  std::vector<Request> pool_;
-  uint32_t free_head_ = kNil;
+  RequestPool<Request, kPoolBits> pool_{"shm"};
   size_t active_ = 0;  // requests posted and not released
 
   // One-sided call state.

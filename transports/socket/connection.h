@@ -23,9 +23,7 @@ struct Part {
   bool finished = false;
 };
 
-struct Request {
-  uint32_t generation = 1;  // in the RequestId, so a stale id is caught
-  bool active = false;
+struct Request {  // in the transport's RequestPool (transports/common/request_pool.h)
   bool is_send = false;
   uint8_t nparts = 0;
   uint8_t parts_left = 0;
@@ -33,7 +31,6 @@ struct Request {
   OpTag tag;
   char* buf = nullptr;
   uint64_t bytes = 0;
-  uint32_t next_free = kNil;
   Part parts[kMaxConns];
 };
 

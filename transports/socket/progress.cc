@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "common/wire_check.h"
 #include "socket/socket_transport_impl.h"
 
 namespace comm::transport::sock {
@@ -202,11 +203,7 @@ Status SocketTransport::match(Connection& c) {
   got.count = h.count;
   std::string them = "rank " + std::to_string(r.peer);
   std::string us = "rank " + std::to_string(rank()) + " (this rank)";
-  if (!(got == r.tag))
-    return InvalidUsage(them + " called " + describe(got) + " but " + us + " called " + describe(r.tag));
-  if (h.total_bytes != r.bytes)
-    return InvalidUsage(them + " sent " + std::to_string(h.total_bytes) + " bytes for " + describe(got) + " but " + us +
-                        " expects " + std::to_string(r.bytes) + " bytes for it");
+  COMM_RETURN_IF_ERROR(check_arrival(them, got, h.total_bytes, us, r.tag, r.bytes));
   if (h.offset != p.offset || h.length != p.length)
     return InvalidUsage(them + " sent bytes [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
                         ") of " + describe(got) + " on connection #" + std::to_string(c.index) + " but " + us +
@@ -304,7 +301,7 @@ void SocketTransport::notify_peers(const Status& failure) {
     }
     Clock::time_point now = Clock::now();
     if (pending.empty() || now >= deadline) break;
-    if (::poll(pending.data(), pending.size(), ceil_ms(deadline - now)) < 0 && errno != EINTR) break;
+    if (::poll(pending.data(), pending.size(), ProgressClock::ceil_ms(deadline - now, kMaxBlockMs)) < 0 && errno != EINTR) break;
   }
   COMM_INFO(kNet, "%s: told %zu connection(s) of its peers that it failed: %s", me().c_str(), outs.size(),
             text.c_str());

@@ -22,10 +22,6 @@ SocketTransport::SocketTransport(Options options, int nconns, std::vector<MeshLi
     conns_[i].peer = static_cast<int>(i) / nconns_;
     conns_[i].index = static_cast<int>(i) % nconns_;
   }
-  // Touched once here, reused for every message.
-  pool_.resize(kPoolSize);
-  for (uint32_t i = 0; i < kPoolSize; ++i) pool_[i].next_free = i + 1 < kPoolSize ? i + 1 : kNil;
-  free_head_ = 0;
   pfds_.reserve(conns_.size() + 1);
   pfd_conn_.reserve(conns_.size() + 1);
 }
@@ -44,26 +40,6 @@ Status SocketTransport::usable() {
   if (aborted_.load(std::memory_order_acquire) && failed_.code() != COMM_ERR_ABORTED)
     failed_ = Aborted(me() + ": the transport was aborted (comm_abort); make a new communicator");
   return failed_;
-}
-
-Status SocketTransport::lookup(RequestId id, uint32_t* index) const {
-  uint32_t i = id & (kPoolSize - 1);
-  const Request& r = pool_[i];
-  if (!r.active || r.generation != (id >> kPoolBits))
-    return InvalidArgument("socket transport: request id " + std::to_string(id) +
-                           " is unknown or already completed");
-  *index = i;
-  return Status::Ok();
-}
-
-void SocketTransport::release(uint32_t index) {
-  Request& r = pool_[index];
-  if (!r.active) return;  // the same id listed twice in one wait
-  r.active = false;
-  r.generation = (r.generation + 1) & kGenerationMask;
-  if (r.generation == 0) r.generation = 1;
-  r.next_free = free_head_;
-  free_head_ = index;
 }
 
 void SocketTransport::push(PartQueue& q, PartLink link) {
@@ -90,14 +66,9 @@ Status SocketTransport::post(bool is_send, int peer, const OpTag& tag, char* buf
                            std::to_string(size()) + ", this rank " + std::to_string(rank()) + ")");
   if (buf == nullptr && bytes > 0)
     return InvalidArgument("socket transport: null buffer for " + std::to_string(bytes) + " bytes");
-  if (free_head_ == kNil)
-    return Internal("socket transport: all " + std::to_string(kPoolSize) +
-                    " request slots are in use; every isend/irecv must be completed by wait() or test() "
-                    "(are requests leaking?)");
-  uint32_t index = free_head_;
+  uint32_t index;
+  COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
   Request& r = pool_[index];
-  free_head_ = r.next_free;
-  r.active = true;
   r.is_send = is_send;
   r.peer = peer;
   r.tag = tag;
@@ -112,7 +83,6 @@ Status SocketTransport::post(bool is_send, int peer, const OpTag& tag, char* buf
     p.done = 0;
     p.finished = false;
   }
-  *id = (r.generation << kPoolBits) | index;
 
   for (int k = 0; k < n; ++k) {
     PartLink link = index * kMaxConns + static_cast<uint32_t>(k);
@@ -158,18 +128,12 @@ void SocketTransport::wake() {
 
 Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
   COMM_RETURN_IF_ERROR(usable());
-  if (n > 0 && ids == nullptr) return InvalidArgument("socket transport: null request id list");
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t index;
-    COMM_RETURN_IF_ERROR(lookup(ids[i], &index));
-  }
-  const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
-  Clock::time_point last_move = Clock::now();
-  Clock::time_point spin_until = last_move + kSpin;
+  COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
+  ProgressClock clock(options_.timeout_ms, kSpin);
   for (;;) {
     bool all_done = true, some_done = false;
     for (size_t i = 0; i < n; ++i) {
-      Request& r = pool_[ids[i] & (kPoolSize - 1)];
+      Request& r = pool_.of(ids[i]);
       if (r.parts_left == 0) {
         some_done = true;
         continue;
@@ -182,17 +146,14 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
     if (any && (some_done || n == 0 || woken_.exchange(false, std::memory_order_acq_rel))) return Status::Ok();
     if (aborted_.load(std::memory_order_acquire)) return usable();
     Clock::time_point now = Clock::now();
-    if (now - last_move >= timeout) return fail(Timeout(timeout_message(ids, n)));
-    int poll_ms = now < spin_until ? 0 : ceil_ms(timeout - (now - last_move));
+    if (clock.expired(now)) return fail(Timeout(timeout_message(ids, n)));
+    int poll_ms = clock.spinning(now) ? 0 : clock.block_ms(now, kMaxBlockMs);
     uint64_t before = moved_;
     Status st = progress(poll_ms);
     if (!st.ok()) return fail(st);
-    if (moved_ != before) {
-      last_move = Clock::now();
-      spin_until = last_move + kSpin;
-    }
+    if (moved_ != before) clock.moved();
   }
-  for (size_t i = 0; i < n; ++i) release(ids[i] & (kPoolSize - 1));
+  pool_.release_all(ids, n);
   return Status::Ok();
 }
 
@@ -200,7 +161,7 @@ Status SocketTransport::test(RequestId id, bool* done) {
   COMM_RETURN_IF_ERROR(usable());
   if (done == nullptr) return InvalidArgument("socket transport: null done pointer");
   uint32_t index;
-  COMM_RETURN_IF_ERROR(lookup(id, &index));
+  COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));
   Request& r = pool_[index];
   if (r.parts_left > 0) {
     Status st = progress(0);
@@ -212,7 +173,7 @@ Status SocketTransport::test(RequestId id, bool* done) {
     }
   }
   *done = r.parts_left == 0;
-  if (*done) release(index);
+  if (*done) pool_.release(index);
   return Status::Ok();
 }
 
@@ -221,7 +182,7 @@ std::string SocketTransport::timeout_message(const RequestId* ids, size_t n) {
                      std::to_string(rank()) + " waited on ";
   std::string parts;
   for (size_t i = 0; i < n; ++i) {
-    Request& r = pool_[ids[i] & (kPoolSize - 1)];
+    Request& r = pool_.of(ids[i]);
     if (r.parts_left == 0) continue;
     uint64_t moved = 0;
     for (int k = 0; k < r.nparts; ++k) {

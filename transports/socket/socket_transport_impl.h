@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "common/progress_clock.h"
+#include "common/request_pool.h"
 #include "socket/connection.h"
 #include "socket/mesh.h"
 #include "transport.h"
 
 namespace comm::transport::sock {
 
-constexpr uint32_t kPoolBits = 12;
-constexpr uint32_t kPoolSize = 1u << kPoolBits;  // requests in flight at once
-constexpr uint32_t kGenerationMask = (1u << (32 - kPoolBits)) - 1;
+constexpr uint32_t kPoolBits = 12;  // 4096 requests in flight at once
 constexpr uint64_t kHeaderBytes = sizeof(FrameHeader);
 constexpr auto kSpin = std::chrono::microseconds(50);  // then block: ranks may outnumber cores
 constexpr auto kNotifyBudget = std::chrono::milliseconds(100);
@@ -28,10 +28,7 @@ constexpr size_t kMaxNotifyText = 512;
 
 inline bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
 
-inline int ceil_ms(Clock::duration d) {
-  auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-  return static_cast<int>(std::clamp<int64_t>((us + 999) / 1000, 1, 1000));
-}
+constexpr int kMaxBlockMs = 1000;  // a blocked poll looks at its peers at least once a second
 class SocketTransport final : public Transport {
  public:
   SocketTransport(Options options, int nconns, std::vector<MeshLink> links, Fd wake);
@@ -62,8 +59,6 @@ class SocketTransport final : public Transport {
     if (failed_.ok()) failed_ = st;
     return failed_;
   }
-  Status lookup(RequestId id, uint32_t* index) const;
-  void release(uint32_t index);
 
   Connection& conn(int peer, int index) {
     return conns_[static_cast<size_t>(peer) * static_cast<size_t>(nconns_) + static_cast<size_t>(index)];
@@ -88,8 +83,7 @@ class SocketTransport final : public Transport {
 
   int nconns_;
   std::vector<Connection> conns_;
-  std::vector<Request> pool_;
-  uint32_t free_head_ = kNil;
+  RequestPool<Request, kPoolBits> pool_{"socket"};
   std::vector<pollfd> pfds_;
   std::vector<size_t> pfd_conn_;
   Fd wake_;  // eventfd: abort() wakes a wait blocked in poll()

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "log.h"
+#include "common/wire_check.h"
 #include "ucx/ucx_transport_impl.h"
 
 namespace comm::transport::ucx {
@@ -21,7 +22,7 @@ std::string ucs(ucs_status_t s) { return ucs_status_string(s); }
 // At most 1 ms per block: UCX's event fd does not signal every step of a large transfer (with a
 // 100 ms cap, 8 MiB all-reduces over UCX's tcp took 84-132 ms; with 1 ms, 18-28 ms), and UCX
 // checks its peers (keepalive) from progress calls. Still a block, not a spin.
-int ceil_ms(Clock::duration) { return 1; }
+constexpr int kMaxBlockMs = 1;
 
 OpTag tag_of(const WireHeader& h) {
   OpTag t;
@@ -87,25 +88,6 @@ Status UcxTransport::usable() {
   return failed_;
 }
 
-Status UcxTransport::lookup(RequestId id, uint32_t* index) const {
-  uint32_t i = id & (kPoolSize - 1);
-  const Request& r = pool_[i];
-  if (!r.active || r.generation != (id >> kPoolBits))
-    return InvalidArgument("UCX transport: request id " + std::to_string(id) + " is unknown or already completed");
-  *index = i;
-  return Status::Ok();
-}
-
-void UcxTransport::release(uint32_t index) {
-  Request& r = pool_[index];
-  if (!r.active) return;  // the same id listed twice in one wait
-  r.active = false;
-  r.generation = (r.generation + 1) & kGenerationMask;
-  if (r.generation == 0) r.generation = 1;
-  r.next_free = free_head_;
-  free_head_ = index;
-}
-
 Status UcxTransport::start(Part& part, bool is_send, ucp_ep_h ep, void* buf, size_t bytes, uint64_t tag) {
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -144,21 +126,15 @@ Status UcxTransport::post(bool is_send, int peer, const OpTag& tag, char* buf, s
                            std::to_string(size()) + ", this rank " + std::to_string(rank()) + ")");
   if (buf == nullptr && bytes > 0)
     return InvalidArgument("UCX transport: null buffer for " + std::to_string(bytes) + " bytes");
-  if (free_head_ == kNil)
-    return Internal("UCX transport: all " + std::to_string(kPoolSize) +
-                    " request slots are in use; every isend/irecv must be completed by wait() or test() "
-                    "(are requests leaking?)");
-  const uint32_t index = free_head_;
+  uint32_t index;
+  COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
   Request& r = pool_[index];
-  free_head_ = r.next_free;
-  r.active = true;
   r.is_send = is_send;
   r.peer = peer;
   r.tag = tag;
   r.buf = buf;
   r.bytes = bytes;
   r.parts_left = bytes > 0 ? 2 : 1;  // an empty message is its header alone
-  *id = (r.generation << kPoolBits) | index;
 
   Peer& p = peers_[static_cast<size_t>(peer)];
   const uint64_t number = is_send ? p.sent++ : p.received++;
@@ -200,11 +176,7 @@ static Status check_header(const Request& r, uint64_t key, int me_rank) {
     return RemoteError("a message from " + them + " for " + describe(r.tag) +
                        " does not carry this job's key (another job, or a stray sender?); refused");
   const std::string us = "rank " + std::to_string(me_rank) + " (this rank)";
-  if (!(got == r.tag)) return InvalidUsage(them + " called " + describe(got) + " but " + us + " called " + describe(r.tag));
-  if (h.bytes != r.bytes)
-    return InvalidUsage(them + " sent " + std::to_string(h.bytes) + " bytes for " + describe(got) + " but " + us +
-                        " expects " + std::to_string(r.bytes) + " bytes for it");
-  return Status::Ok();
+  return check_arrival(them, got, h.bytes, us, r.tag, r.bytes);
 }
 
 Status UcxTransport::check(Request& r) {
@@ -278,18 +250,12 @@ Status UcxTransport::block(int timeout_ms) {
 
 Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
   COMM_RETURN_IF_ERROR(usable());
-  if (n > 0 && ids == nullptr) return InvalidArgument("UCX transport: null request id list");
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t index;
-    COMM_RETURN_IF_ERROR(lookup(ids[i], &index));
-  }
-  const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
-  Clock::time_point last_move = Clock::now();
-  Clock::time_point spin_until = last_move + kSpin;
+  COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
+  ProgressClock clock(options_.timeout_ms, kSpin);
   for (;;) {
     bool all_done = true, some_done = false;
     for (size_t i = 0; i < n; ++i) {
-      Request& r = pool_[ids[i] & (kPoolSize - 1)];
+      Request& r = pool_.of(ids[i]);
       Status st = r.parts_left == 0 ? check(r) : check_pending(r);
       if (!st.ok()) return fail(st);
       if (r.parts_left == 0) {
@@ -303,22 +269,21 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
     if (report_arrived_) return fail(peer_report());
     if (aborted_.load(std::memory_order_acquire)) return usable();
     const Clock::time_point now = Clock::now();
-    if (now - last_move >= timeout) return fail(Timeout(timeout_message(ids, n)));
+    if (clock.expired(now)) return fail(Timeout(timeout_message(ids, n)));
     const uint64_t before = completions_;
     const unsigned events = ucp_worker_progress(worker_);
     if (completions_ != before) {
-      last_move = Clock::now();
-      spin_until = last_move + kSpin;
+      clock.moved();
       continue;
     }
-    if (events > 0 || now < spin_until) continue;
+    if (events > 0 || clock.spinning(now)) continue;
     if (now >= next_pid_check_) {  // only while blocked, and a few times a second
       check_pids();
       next_pid_check_ = now + std::chrono::milliseconds(100);
     }
-    COMM_RETURN_IF_ERROR(block(ceil_ms(timeout - (now - last_move))));
+    COMM_RETURN_IF_ERROR(block(clock.block_ms(now, kMaxBlockMs)));
   }
-  for (size_t i = 0; i < n; ++i) release(ids[i] & (kPoolSize - 1));
+  pool_.release_all(ids, n);
   return Status::Ok();
 }
 
@@ -326,14 +291,14 @@ Status UcxTransport::test(RequestId id, bool* done) {
   COMM_RETURN_IF_ERROR(usable());
   if (done == nullptr) return InvalidArgument("UCX transport: null done pointer");
   uint32_t index;
-  COMM_RETURN_IF_ERROR(lookup(id, &index));
+  COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));
   Request& r = pool_[index];
   if (r.parts_left > 0) ucp_worker_progress(worker_);
   Status st = r.parts_left == 0 ? check(r) : check_pending(r);
   if (!st.ok()) return fail(st);
   if (r.parts_left > 0 && report_arrived_) return fail(peer_report());
   *done = r.parts_left == 0;
-  if (*done) release(index);
+  if (*done) pool_.release(index);
   return Status::Ok();
 }
 
@@ -342,7 +307,7 @@ std::string UcxTransport::timeout_message(const RequestId* ids, size_t n) {
                      std::to_string(rank()) + " waited on ";
   std::string parts;
   for (size_t i = 0; i < n; ++i) {
-    const Request& r = pool_[ids[i] & (kPoolSize - 1)];
+    const Request& r = pool_.of(ids[i]);
     if (r.parts_left == 0) continue;
     std::string one = "rank " + std::to_string(r.peer) + " (" + (r.is_send ? "send of " : "receive of ") +
                       describe(r.tag) + ", " + std::to_string(r.bytes) + " bytes, UCX)";

@@ -64,15 +64,11 @@ std::string pid_namespace() {
 UcxTransport::UcxTransport(Options options) : Transport(std::move(options)) {
   key_ = job_key(options_.secret);
   // Touched once here, reused for every message.
-  pool_.resize(kPoolSize);
-  for (uint32_t i = 0; i < kPoolSize; ++i) {
-    pool_[i].next_free = i + 1 < kPoolSize ? i + 1 : kNil;
+  for (uint32_t i = 0; i < decltype(pool_)::kSize; ++i)
     for (Part& p : pool_[i].parts) {
       p.owner = this;
       p.request = i;
     }
-  }
-  free_head_ = 0;
   report_part_.owner = this;
   peers_.resize(static_cast<size_t>(size()));
   for (int r = 0; r < size(); ++r) {
@@ -249,16 +245,16 @@ void UcxTransport::cancel_pending() {
   auto cancel = [&](Part& p) {
     if (p.pending && p.ucp != nullptr) ucp_request_cancel(worker_, p.ucp);
   };
-  for (Request& r : pool_)
-    if (r.active)
-      for (Part& p : r.parts) cancel(p);
+  for (uint32_t i = 0; i < decltype(pool_)::kSize; ++i)
+    if (pool_.active(i))
+      for (Part& p : pool_[i].parts) cancel(p);
   cancel(report_part_);
   const Deadline deadline = Deadline::after_ms(1000);
   auto any_pending = [&] {
     if (report_part_.pending) return true;
-    for (Request& r : pool_)
-      if (r.active)
-        for (Part& p : r.parts)
+    for (uint32_t i = 0; i < decltype(pool_)::kSize; ++i)
+      if (pool_.active(i))
+        for (Part& p : pool_[i].parts)
           if (p.pending) return true;
     return false;
   };

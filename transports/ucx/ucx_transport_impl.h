@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "common/progress_clock.h"
+#include "common/request_pool.h"
 #include "transport.h"
 
 namespace comm::transport::ucx {
 
-constexpr uint32_t kPoolBits = 12;
-constexpr uint32_t kPoolSize = 1u << kPoolBits;  // requests in flight at once
-constexpr uint32_t kGenerationMask = (1u << (32 - kPoolBits)) - 1;
+constexpr uint32_t kPoolBits = 12;  // 4096 requests in flight at once
 constexpr uint32_t kNil = UINT32_MAX;
 constexpr auto kSpin = std::chrono::microseconds(50);  // then block on the worker's fd: ranks may outnumber cores
 constexpr auto kNotifyBudget = std::chrono::milliseconds(100);
@@ -70,8 +70,7 @@ struct Part {
   size_t length = 0;      // receives: bytes that arrived
 };
 
-struct Request {
-  bool active = false;
+struct Request {  // in the transport's RequestPool (transports/common/request_pool.h)
   bool is_send = false;
   int peer = -1;
   OpTag tag;
@@ -80,8 +79,6 @@ struct Request {
   WireHeader header;      // sends: what goes out; receives: what arrived
   Part parts[2];          // [0] header, [1] payload (not used for empty messages)
   uint8_t parts_left = 0;
-  uint32_t generation = 1;
-  uint32_t next_free = kNil;
 };
 
 struct Peer {
@@ -138,8 +135,6 @@ class UcxTransport final : public Transport {
     if (failed_.ok()) failed_ = st;
     return failed_;
   }
-  Status lookup(RequestId id, uint32_t* index) const;
-  void release(uint32_t index);
   void cancel_pending();
   void close_endpoints();
   std::string timeout_message(const RequestId* ids, size_t n);
@@ -153,8 +148,7 @@ class UcxTransport final : public Transport {
   int wake_fd_ = -1;    // eventfd: abort() and wake() from any thread
   uint64_t key_ = 0;
   std::vector<Peer> peers_;
-  std::vector<Request> pool_;
-  uint32_t free_head_ = kNil;
+  RequestPool<Request, kPoolBits> pool_{"UCX"};
   ErrorFrame report_;       // where a peer's failure report lands
   ErrorFrame outgoing_;     // this rank's own report (notify_peers), alive while UCX sends it
   Part report_part_;
