@@ -8,7 +8,8 @@ cd "$ROOT"
 
 # Debian 12 packages the build and the tests need (DESIGN.md: optional parts switch on when found).
 PACKAGES=(meson ninja-build pkg-config g++ libhwloc-dev libucx-dev libibverbs-dev catch2
-          nlohmann-json3-dev libcli11-dev python3-numpy python3-torch)
+          nlohmann-json3-dev libcli11-dev python3-numpy python3-torch libtorch-dev pybind11-dev
+          python3-dev)
 
 # Build directories (override to keep several builds side by side).
 BUILD_DIR=${BUILD_DIR:-build}
