@@ -131,10 +131,24 @@ def create_process_group(store, rank, world_size, timeout):
     return ProcessGroupLibcomm(rank, world_size, "tcp://" + address, timeout_ms, transport)
 
 
+def _launcher_env():
+    """torch's env:// reads RANK and WORLD_SIZE only; mpirun and srun set their own names. Fill in
+    torch's from them, as libcomm's env:// does, never overriding what is set. MASTER_ADDR and
+    MASTER_PORT (torch's store) must still be given: mpirun -x MASTER_ADDR=... -x MASTER_PORT=..."""
+    for rank, size, local in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+                              ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")):
+        if "RANK" not in os.environ and rank in os.environ and size in os.environ:
+            os.environ["RANK"] = os.environ[rank]
+            os.environ["WORLD_SIZE"] = os.environ[size]
+            if local in os.environ:
+                os.environ.setdefault("LOCAL_RANK", os.environ[local])
+
+
 def _register():
     if BACKEND.upper() in dist.Backend._plugins:  # imported twice (e.g. under two names)
         return
     dist.Backend.register_backend(BACKEND, create_process_group)
 
 
+_launcher_env()
 _register()
