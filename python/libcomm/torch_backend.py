@@ -35,8 +35,8 @@ _INT_MAX = 2**31 - 1
 
 def _extension_path():
     explicit = os.environ.get("LIBCOMM_TORCH_EXTENSION")
-    if explicit:
-        return explicit
+    if explicit is not None:
+        return explicit or None  # set but empty: "not built" (the tests of a build without it)
     # python/libcomm/torch_backend.py -> repository root; meson builds the module in build*/python/.
     root = Path(__file__).resolve().parents[2]
     suffixes = importlib.machinery.EXTENSION_SUFFIXES
@@ -51,12 +51,13 @@ def _extension_path():
 
 def _load_extension():
     path = _extension_path()
-    if path is None:
+    if path is None and os.environ.get("LIBCOMM_TORCH_EXTENSION") is None:
         try:
             from . import _torch_backend  # an installed copy beside this file
             return _torch_backend
         except ImportError:
             pass
+    if path is None:
         raise ImportError(
             "libcomm.torch_backend: the C++ extension _torch_backend is not built. Install "
             "libtorch-dev, pybind11-dev and python3-dev (scripts/lib.sh lists them), then "
