@@ -314,7 +314,9 @@ def main():
             dist.init_process_group("libcomm", init_method=url, rank=rank, world_size=size,
                                     timeout=timeout)
         else:
-            store = dist.FileStore(os.environ["TEST_STORE_FILE"], size)
+            # One file per job (a FileStore file left by an earlier job would count its ranks).
+            path = f"{os.environ['TEST_STORE_FILE']}.{os.environ['MASTER_PORT']}"
+            store = dist.FileStore(path, size)
             dist.init_process_group("libcomm", store=store, rank=rank, world_size=size,
                                     timeout=timeout)
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -336,6 +338,8 @@ def main():
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
+        if how == "file":
+            os.unlink(path)
         print(f"ok: every collective on {size} ranks matches gloo", flush=True)
     sys.stdout.flush()
     # torch 1.13: gloo's process group can hang at interpreter exit (examples/train_transformer.py).

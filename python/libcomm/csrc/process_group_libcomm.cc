@@ -20,6 +20,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -95,10 +96,12 @@ at::Tensor single(const std::vector<at::Tensor>& tensors, const char* what) {
   return tensors[0];
 }
 
+class Executor;
+
 class LibcommWork : public c10d::Work {
  public:
-  LibcommWork(int rank, OpType type, std::vector<at::Tensor> outputs, int source = -1)
-      : Work(rank, type), outputs_(std::move(outputs)), source_(source),
+  LibcommWork(std::shared_ptr<Executor> exec, int rank, OpType type, std::vector<at::Tensor> outputs, int source = -1)
+      : Work(rank, type), exec_(std::move(exec)), outputs_(std::move(outputs)), source_(source),
         future_(c10::make_intrusive<at::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -107,6 +110,7 @@ class LibcommWork : public c10d::Work {
     TORCH_CHECK(source_ >= 0, "libcomm: sourceRank() is only defined for a receive");
     return source_;
   }
+  bool wait(std::chrono::milliseconds timeout) override;
 
   // The future first, as gloo does: DDP's reducer and comm hooks chain on it.
   void complete(std::exception_ptr error) {
@@ -117,17 +121,172 @@ class LibcommWork : public c10d::Work {
     finish(error);
   }
 
+  bool started = false;  // taken off the queue (guarded by the executor's queue mutex)
+
  private:
+  std::shared_ptr<Executor> exec_;
   std::vector<at::Tensor> outputs_;
   int source_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// A group's libcomm calls, run in issue order by its worker thread, or inline by a thread that
+// waits on one of them (a blocking torch.distributed call then has no thread hand-off). Whoever
+// makes libcomm calls holds exec_mutex_: comm.h allows one thread at a time per communicator.
+// Works hold it too (shared), so a Work that outlives its group stays safe to wait on.
+class Executor {
+ public:
+  struct Job {
+    c10::intrusive_ptr<LibcommWork> work;
+    std::function<void()> run;                                        // a collective: done when it returns
+    std::function<std::function<void()>(comm_request_t*)> start_p2p;  // or a p2p request to start
+  };
+
+  Executor(comm_t p2p, int timeout_ms) : p2p_(p2p), timeout_ms_(timeout_ms) {}
+
+  void push(Job job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      TORCH_CHECK(!stop_, "libcomm: the process group is being destroyed");
+      queue_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+  // Runs the queue's head on this thread until `work` has been taken (by us or by the worker).
+  // Point-to-point requests stay with the worker, which starts and tests them on one thread
+  // (started here and tested there, a ring of isend/irecv made no progress in our tests).
+  void run_until(LibcommWork* work) {
+    for (;;) {
+      std::lock_guard<std::mutex> exec(exec_mutex_);
+      Job job;
+      if (!pop(&job, work, /*collectives_only=*/true)) return;
+      execute(job);
+    }
+  }
+
+  void worker_loop() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        auto ready = [&] { return stop_ || !queue_.empty(); };
+        if (pending_count_ == 0)
+          cv_.wait(lock, ready);
+        else
+          cv_.wait_for(lock, std::chrono::microseconds(50), ready);
+        if (stop_ && queue_.empty() && pending_count_ == 0) return;
+      }
+      std::lock_guard<std::mutex> exec(exec_mutex_);
+      Job job;
+      if (pop(&job, nullptr)) execute(job);
+      poll_p2p();
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Pending {
+    comm_request_t req;
+    c10::intrusive_ptr<LibcommWork> work;
+    std::function<void()> after;
+    Clock::time_point deadline;
+  };
+
+  // until: stop once that work has been taken; nullptr: take the head if there is one.
+  bool pop(Job* job, LibcommWork* until, bool collectives_only = false) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (queue_.empty() || (until != nullptr && until->started)) return false;
+    if (collectives_only && !queue_.front().run) return false;
+    *job = std::move(queue_.front());
+    queue_.pop_front();
+    job->work->started = true;
+    return true;
+  }
+
+  void execute(Job& job) {  // exec_mutex_ held
+    if (job.run) {
+      std::exception_ptr error;
+      try {
+        job.run();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      job.work->complete(error);
+      return;
+    }
+    Pending p{nullptr, job.work, nullptr, Clock::now() + std::chrono::milliseconds(timeout_ms_)};
+    try {
+      p.after = job.start_p2p(&p.req);
+    } catch (...) {
+      job.work->complete(std::current_exception());
+      return;
+    }
+    pending_.push_back(std::move(p));
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_count_ = pending_.size();
+  }
+
+  // libcomm's own deadline ends a request whose peer makes no progress; ours (a little later)
+  // only guards against a request that never reports, and breaks the p2p communicator as libcomm would.
+  void poll_p2p() {  // exec_mutex_ held
+    for (size_t i = 0; i < pending_.size();) {
+      Pending& p = pending_[i];
+      const char* what = p.work->retrieveOpType() == OpType::SEND ? "send" : "recv";
+      int done = 0;
+      std::exception_ptr error;
+      try {
+        comm_status_t s = comm_test(p.req, &done);
+        if (done && s == COMM_OK) p.after();
+        if (done) check(s, what);
+        if (!done && Clock::now() > p.deadline + std::chrono::seconds(5)) {
+          comm_abort(p2p_);
+          comm_wait(p.req);
+          done = 1;
+          throw std::runtime_error(std::string("libcomm ") + what + ": COMM_ERR_TIMEOUT; no completion within the "
+                                   "process group's timeout (" + std::to_string(timeout_ms_) + " ms)");
+        }
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (!done) {
+        ++i;
+        continue;
+      }
+      p.work->complete(error);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_count_ = pending_.size();
+  }
+
+  comm_t p2p_;
+  int timeout_ms_;
+  std::mutex exec_mutex_;
+  std::mutex mutex_;  // queue_, stop_, pending_count_, LibcommWork::started
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stop_ = false;
+  size_t pending_count_ = 0;
+  std::vector<Pending> pending_;  // exec_mutex_
+};
+
+bool LibcommWork::wait(std::chrono::milliseconds timeout) {
+  exec_->run_until(this);
+  return Work::wait(timeout);
+}
+
 class ProcessGroupLibcomm : public c10d::ProcessGroup {
  public:
   ProcessGroupLibcomm(int rank, int size, const std::string& init_method, int timeout_ms,
                       const std::string& transport)
-      : ProcessGroup(rank, size), timeout_ms_(timeout_ms) {
+      : ProcessGroup(rank, size) {
     comm_config_t cfg = COMM_CONFIG_INIT;
     cfg.init_method = init_method.c_str();
     cfg.rank = rank;
@@ -142,15 +301,13 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
       comm_destroy(comm_);
       throw std::runtime_error(std::string("libcomm comm_dup: ") + comm_status_string(s) + "; " + detail);
     }
-    worker_ = std::thread([this] { run(); });
+    exec_ = std::make_shared<Executor>(p2p_, timeout_ms);
+    worker_ = std::thread([exec = exec_] { exec->worker_loop(); });
   }
 
+  // The worker ends once every queued call has run and every p2p request has completed.
   ~ProcessGroupLibcomm() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
+    exec_->stop();
     worker_.join();
     comm_destroy(p2p_);
     comm_destroy(comm_);
@@ -430,18 +587,6 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
   }
 
  private:
-  struct Job {
-    c10::intrusive_ptr<LibcommWork> work;
-    std::function<void()> run;                                        // a collective: done when it returns
-    std::function<std::function<void()>(comm_request_t*)> start_p2p;  // or a p2p request to start
-  };
-  struct Pending {
-    comm_request_t req;
-    c10::intrusive_ptr<LibcommWork> work;
-    std::function<void()> after;
-    Clock::time_point deadline;
-  };
-
   int check_root(int64_t root, const char* what) const {
     TORCH_CHECK(root >= 0 && root < getSize(), "libcomm ", what, ": root ", root, " is not a rank of this group (size ",
                 getSize(), ")");
@@ -510,104 +655,20 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Work> enqueue(OpType type, std::vector<at::Tensor> outputs, std::function<void()> run) {
-    auto work = c10::make_intrusive<LibcommWork>(getRank(), type, std::move(outputs));
-    push(Job{work, std::move(run), nullptr});
+    auto work = c10::make_intrusive<LibcommWork>(exec_, getRank(), type, std::move(outputs));
+    exec_->push(Executor::Job{work, std::move(run), nullptr});
     return work;
   }
   c10::intrusive_ptr<c10d::Work> enqueue_p2p(OpType type, std::vector<at::Tensor> outputs, int source,
                                              std::function<std::function<void()>(comm_request_t*)> start) {
-    auto work = c10::make_intrusive<LibcommWork>(getRank(), type, std::move(outputs), source);
-    push(Job{work, nullptr, std::move(start)});
+    auto work = c10::make_intrusive<LibcommWork>(exec_, getRank(), type, std::move(outputs), source);
+    exec_->push(Executor::Job{work, nullptr, std::move(start)});
     return work;
-  }
-  void push(Job job) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      TORCH_CHECK(!stop_, "libcomm: the process group is being destroyed");
-      queue_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-
-  void run() {
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        auto ready = [&] { return stop_ || !queue_.empty(); };
-        if (pending_.empty())
-          cv_.wait(lock, ready);
-        else
-          cv_.wait_for(lock, std::chrono::microseconds(50), ready);
-        if (queue_.empty()) {
-          if (stop_ && pending_.empty()) return;
-          lock.unlock();
-          poll_p2p();
-          continue;
-        }
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      if (job.run) {
-        std::exception_ptr error;
-        try {
-          job.run();
-        } catch (...) {
-          error = std::current_exception();
-        }
-        job.work->complete(error);
-      } else {
-        Pending p{nullptr, job.work, nullptr, Clock::now() + std::chrono::milliseconds(timeout_ms_)};
-        try {
-          p.after = job.start_p2p(&p.req);
-          pending_.push_back(std::move(p));
-        } catch (...) {
-          job.work->complete(std::current_exception());
-        }
-      }
-      poll_p2p();
-    }
-  }
-
-  // libcomm's own deadline ends a request whose peer makes no progress; ours (a little later)
-  // only guards against a request that never reports, and breaks the p2p communicator as libcomm would.
-  void poll_p2p() {
-    for (size_t i = 0; i < pending_.size();) {
-      Pending& p = pending_[i];
-      int done = 0;
-      std::exception_ptr error;
-      try {
-        comm_status_t s = comm_test(p.req, &done);
-        if (done && s == COMM_OK) p.after();
-        if (done) check(s, p.work->retrieveOpType() == OpType::SEND ? "send" : "recv");
-        if (!done && Clock::now() > p.deadline + std::chrono::seconds(5)) {
-          comm_abort(p2p_);
-          comm_wait(p.req);
-          done = 1;
-          throw std::runtime_error("libcomm " + std::string(p.work->retrieveOpType() == OpType::SEND ? "send" : "recv") +
-                                   ": COMM_ERR_TIMEOUT; no completion within the process group's timeout (" +
-                                   std::to_string(timeout_ms_) + " ms)");
-        }
-      } catch (...) {
-        error = std::current_exception();
-      }
-      if (!done) {
-        ++i;
-        continue;
-      }
-      p.work->complete(error);
-      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-    }
   }
 
   comm_t comm_ = nullptr;
   comm_t p2p_ = nullptr;
-  int timeout_ms_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  bool stop_ = false;
-  std::vector<Pending> pending_;  // the worker's own
+  std::shared_ptr<Executor> exec_;
   std::thread worker_;
 };
 
