@@ -286,6 +286,13 @@ def async_work_and_futures(rank, size, gloo):
     for w in works:
         w.wait()
         assert w.is_completed()
+    # A future's callback that makes a blocking call of the same group (runs on the worker).
+    def callback(f):
+        x = torch.ones(2)
+        dist.all_reduce(x)
+        return x
+    chained = dist.all_reduce(torch.ones(1 << 16), async_op=True).get_future().then(callback)
+    same(chained.wait(), torch.full((2,), float(size)), "all_reduce inside a future's callback")
     b = dist.barrier(async_op=True)
     b.wait()
     assert b.is_completed()

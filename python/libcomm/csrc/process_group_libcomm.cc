@@ -25,6 +25,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace libcomm_torch {
@@ -158,10 +159,14 @@ class Executor {
   // (started here and tested there, a ring of isend/irecv made no progress in our tests).
   void run_until(LibcommWork* work) {
     for (;;) {
-      std::lock_guard<std::mutex> exec(exec_mutex_);
-      Job job;
-      if (!pop(&job, work, /*collectives_only=*/true)) return;
-      execute(job);
+      Finished finished;
+      {
+        std::lock_guard<std::mutex> exec(exec_mutex_);
+        Job job;
+        if (!pop(&job, work, /*collectives_only=*/true)) return;
+        execute(job, &finished);
+      }
+      complete(finished);
     }
   }
 
@@ -176,10 +181,14 @@ class Executor {
           cv_.wait_for(lock, std::chrono::microseconds(50), ready);
         if (stop_ && queue_.empty() && pending_count_ == 0) return;
       }
-      std::lock_guard<std::mutex> exec(exec_mutex_);
-      Job job;
-      if (pop(&job, nullptr)) execute(job);
-      poll_p2p();
+      Finished finished;
+      {
+        std::lock_guard<std::mutex> exec(exec_mutex_);
+        Job job;
+        if (pop(&job, nullptr)) execute(job, &finished);
+        poll_p2p(&finished);
+      }
+      complete(finished);
     }
   }
 
@@ -192,6 +201,13 @@ class Executor {
   }
 
  private:
+  // Works are completed after exec_mutex_ is released: completing runs the future's callbacks
+  // (DDP's, a comm hook's), which may issue and wait on further calls of this group.
+  using Finished = std::vector<std::pair<c10::intrusive_ptr<LibcommWork>, std::exception_ptr>>;
+  static void complete(Finished& finished) {
+    for (auto& [work, error] : finished) work->complete(error);
+  }
+
   struct Pending {
     comm_request_t req;
     c10::intrusive_ptr<LibcommWork> work;
@@ -210,7 +226,7 @@ class Executor {
     return true;
   }
 
-  void execute(Job& job) {  // exec_mutex_ held
+  void execute(Job& job, Finished* finished) {  // exec_mutex_ held
     if (job.run) {
       std::exception_ptr error;
       try {
@@ -218,14 +234,14 @@ class Executor {
       } catch (...) {
         error = std::current_exception();
       }
-      job.work->complete(error);
+      finished->emplace_back(job.work, error);
       return;
     }
     Pending p{nullptr, job.work, nullptr, Clock::now() + std::chrono::milliseconds(timeout_ms_)};
     try {
       p.after = job.start_p2p(&p.req);
     } catch (...) {
-      job.work->complete(std::current_exception());
+      finished->emplace_back(job.work, std::current_exception());
       return;
     }
     pending_.push_back(std::move(p));
@@ -235,7 +251,7 @@ class Executor {
 
   // libcomm's own deadline ends a request whose peer makes no progress; ours (a little later)
   // only guards against a request that never reports, and breaks the p2p communicator as libcomm would.
-  void poll_p2p() {  // exec_mutex_ held
+  void poll_p2p(Finished* finished) {  // exec_mutex_ held
     for (size_t i = 0; i < pending_.size();) {
       Pending& p = pending_[i];
       const char* what = p.work->retrieveOpType() == OpType::SEND ? "send" : "recv";
@@ -259,7 +275,7 @@ class Executor {
         ++i;
         continue;
       }
-      p.work->complete(error);
+      finished->emplace_back(p.work, error);
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
     }
     std::lock_guard<std::mutex> lock(mutex_);
