@@ -112,6 +112,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
   }
 
   const std::string getBackendName() const override { return "libcomm"; }
+  comm_t comm() const { return comm_; }
 
   // Makes every pending and future call fail on this rank at once (comm_abort, any thread).
   void abort() {
@@ -484,5 +485,8 @@ PYBIND11_MODULE(_torch_backend, m) {
            }),
            py::arg("rank"), py::arg("size"), py::arg("init_method"), py::arg("timeout_ms"), py::arg("transport") = "",
            py::call_guard<py::gil_scoped_release>())
-      .def("abort", &PG::abort, py::call_guard<py::gil_scoped_release>());
+      .def("abort", &PG::abort, py::call_guard<py::gil_scoped_release>())
+      // The comm_t as an integer, for bench/torch_backend_bench.py's comm_allreduce called directly
+      // on the same communicator (only while the group has no call in flight: comm.h's one thread).
+      .def("_comm_handle", [](const PG& pg) { return reinterpret_cast<uintptr_t>(pg.comm()); });
 }

@@ -79,7 +79,9 @@ class Executor {
     c10::intrusive_ptr<LibcommWork> work;
     std::function<void()> run;                                        // a collective: done when it returns
     std::function<std::function<void()>(comm_request_t*)> start_p2p;  // or a p2p request to start
+    Clock::time_point issued = Clock::now();
   };
+  static constexpr auto kGrace = std::chrono::microseconds(200);
 
   Executor(comm_t p2p, int timeout_ms) : p2p_(p2p), timeout_ms_(timeout_ms) {}
 
@@ -118,6 +120,14 @@ class Executor {
         else
           cv_.wait_for(lock, std::chrono::microseconds(50), ready);
         if (stop_ && queue_.empty() && pending_count_ == 0) return;
+        // A collective just issued is most often waited for at once (a blocking dist.all_reduce):
+        // leave it to that thread for a moment. Taking it here would make the caller sleep until
+        // we finish, and on a loaded machine that wake-up alone cost milliseconds (measured: a
+        // 4 MiB all_reduce at 2.2x comm_allreduce's time, load 18 on 2 cores).
+        if (!stop_ && !queue_.empty() && queue_.front().run) {
+          auto issued = queue_.front().issued;
+          cv_.wait_until(lock, issued + kGrace, [&] { return stop_ || queue_.empty() || queue_.front().issued != issued; });
+        }
       }
       Finished finished;
       {
@@ -161,6 +171,7 @@ class Executor {
     *job = std::move(queue_.front());
     queue_.pop_front();
     job->work->started = true;
+    if (until != nullptr) cv_.notify_all();  // a worker in its grace wait looks again
     return true;
   }
 
