@@ -128,6 +128,8 @@ class Executor {
           auto issued = queue_.front().issued;
           cv_.wait_until(lock, issued + kGrace, [&] { return stop_ || queue_.empty() || queue_.front().issued != issued; });
         }
+        // Taken by a waiter: do not queue up behind it on exec_mutex_ for the length of its call.
+        if (queue_.empty() && pending_count_ == 0) continue;
       }
       Finished finished;
       {
