@@ -8,6 +8,8 @@ to the whole prefix. Every rank draws its own batches; the engine averages the g
     comm-run -n 2 -- /usr/bin/python3 examples/train_transformer.py
     torchrun --standalone --nproc_per_node 2 --redirects 1 --tee 1 examples/train_transformer.py
     comm-run -n 2 -- /usr/bin/python3 examples/train_transformer.py --backend gloo   # torch DDP
+    comm-run -n 2 -- /usr/bin/python3 examples/train_transformer.py --backend libcomm-pg
+        # torch's own DDP on the torch.distributed backend "libcomm" (libcomm.torch_backend)
 
 Each rank prints `step N loss L params P`: L is the loss averaged over the ranks' batches,
 P a checksum of this rank's parameters; both are identical on every rank when the replicas
@@ -51,8 +53,11 @@ def make_batch(generator, batch, seq_len, vocab):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", choices=["libcomm", "gloo"], default="libcomm",
-                    help="libcomm's engine, or torch's DDP over gloo (the reference)")
+    ap.add_argument("--backend", choices=["libcomm", "gloo", "libcomm-pg"], default="libcomm",
+                    help="libcomm's engine; torch's DDP over gloo (the reference); or torch's DDP "
+                         "over the torch.distributed backend \"libcomm\"")
+    ap.add_argument("--comm-hook", choices=["allreduce", "fp16"], default=None,
+                    help="torch DDP only: register torch's allreduce_hook or fp16_compress_hook")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=16, help="sequences per rank and step")
     ap.add_argument("--seq-len", type=int, default=16)
@@ -100,11 +105,19 @@ def main(argv=None):
             return t.item()
     else:
         import torch.distributed as dist
-        dist.init_process_group("gloo")  # env://: torchrun's or comm-run's variables
+        if args.backend == "libcomm-pg":
+            import libcomm.torch_backend  # noqa: F401 - registers the backend "libcomm"
+        # env://: torchrun's or comm-run's variables. The one line a user changes: "gloo" -> "libcomm".
+        dist.init_process_group("libcomm" if args.backend == "libcomm-pg" else "gloo")
         rank, size = dist.get_rank(), dist.get_world_size()
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, bucket_cap_mb=args.bucket_cap_mb,
             gradient_as_bucket_view=args.gradient_as_bucket_view, static_graph=args.static_graph)
+        if args.comm_hook:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            hook = {"allreduce": default_hooks.allreduce_hook,
+                    "fp16": default_hooks.fp16_compress_hook}[args.comm_hook]
+            ddp.register_comm_hook(None, hook)  # None: the default process group
 
         def mean_over_ranks(x):
             t = torch.tensor([x], dtype=torch.float64)

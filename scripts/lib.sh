@@ -6,9 +6,10 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-# Debian 12 packages the build and the tests need (DESIGN.md: optional parts switch on when found).
+# Debian 12 packages the build and the tests need (docs/design.md, "Optional parts switch on when found").
 PACKAGES=(meson ninja-build pkg-config g++ libhwloc-dev libucx-dev libibverbs-dev catch2
-          nlohmann-json3-dev libcli11-dev python3-numpy python3-torch python3-matplotlib)
+          nlohmann-json3-dev libcli11-dev python3-numpy python3-torch python3-matplotlib
+          libtorch-dev pybind11-dev python3-dev)
 
 # Build directories (override to keep several builds side by side).
 BUILD_DIR=${BUILD_DIR:-build}
