@@ -1,5 +1,5 @@
 // The seven collectives of nccl-tests with nccl-tests' counts and bandwidth definitions
-// (DESIGN.md, Measuring), and the expected output of each as a function of (seed, rank, index).
+// (docs/design.md, "Bandwidth definitions"), and the expected output of each as a function of (seed, rank, index).
 #include "collectives.h"
 
 #include <cstring>

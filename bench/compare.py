@@ -2,6 +2,7 @@
 """libcomm beside its peers: the same sizes on the same ranks, run alternately, per-size ratios.
 
   bench/compare.py --np 2 --peers mpi,gloo -- -b 1K -e 64M -f 4
+  bench/compare.py --peers "" --baseline /tmp/build-old -- -b 8 -e 64M -f 8 -z 1   # a change, before/after
   sudo bench/compare.py --netsim "--hosts 4 --rate 2gbit" --peers gloo --rounds 3 -- -b 64M -e 64M -n 5 -w 2
 
 Every round runs libcomm (comm-bench), then each peer variant (comm-bench-gloo --algo A for each
@@ -31,6 +32,8 @@ def variants(args, build):
             out.append(("mpi", os.path.join(build, "bench", "comm-bench-mpi"), []))
         else:
             sys.exit(f"compare.py: unknown peer '{peer}' (mpi, gloo)")
+    if args.baseline:  # another build of libcomm (e.g. before a change), with its own comm-run and library
+        out.append(("baseline", os.path.join(os.path.abspath(args.baseline), "bench", "comm-bench"), []))
     for name, prog, _ in out:
         benchlib.require_built("compare.py", name, prog, "libgloo-dev libopenmpi-dev openmpi-bin")
     return out
@@ -44,7 +47,7 @@ def command(args, build, name, prog, extra, json_path):
         return benchlib.netsim(args.netsim.split(), bench)
     if name == "mpi":
         return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.np), *bench]
-    return benchlib.comm_run(build, args.np, bench)
+    return benchlib.comm_run(os.path.abspath(args.baseline) if name == "baseline" else build, args.np, bench)
 
 
 def main(argv):
@@ -56,6 +59,8 @@ def main(argv):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--netsim", default=None, metavar="ARGS", help='run on simulated hosts: netsim ARGS, e.g. "--hosts 4 --rate 2gbit"')
     benchlib.add_build_arg(ap)
+    ap.add_argument("--baseline", default=None, metavar="BUILD",
+                    help="also run another build of libcomm (its comm-run and comm-bench), e.g. one made before a change")
     ap.add_argument("--out", default=None, help="folder for logs and JSON (default bench/results/compare-<time>)")
     ap.add_argument("--out-of-place", action="store_true",
                     help="compare out-of-place busbw (default in place: Gloo's algorithms are in place only, its "

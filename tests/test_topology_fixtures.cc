@@ -1,4 +1,4 @@
-// The probe and the policy on real machine exports (../shared/fixtures, see its README): the
+// The probe and the policy on real machine exports (tests/fixtures, see its README): the
 // GPUs, NICs and HCAs found match each machine, and each GPU gets its nearest HCA.
 #include <unistd.h>
 
@@ -16,9 +16,9 @@ namespace topo = comm::topology;
 
 namespace {
 
-// tests/fixtures in the source tree (a copy of ../shared/fixtures, so a clone alone has them),
-// else ../shared/fixtures beside it; found from the test binary's path, so it works from any
-// build directory and any working directory. COMM_FIXTURES_DIR overrides.
+// tests/fixtures in the source tree (so a clone alone has them), found from the test binary's
+// path, so it works from any build directory and any working directory. COMM_FIXTURES_DIR
+// overrides.
 std::string fixtures_dir() {
   if (const char* dir = std::getenv("COMM_FIXTURES_DIR")) return dir;
   char exe[4096] = {};
@@ -26,7 +26,7 @@ std::string fixtures_dir() {
   std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string(".");
   while (!dir.empty()) {
     dir = dir.substr(0, dir.find_last_of('/'));
-    for (const char* rel : {"/tests/fixtures", "/shared/fixtures", "/../shared/fixtures"})
+    for (const char* rel : {"/tests/fixtures"})
       if (access((dir + rel + "/README.md").c_str(), R_OK) == 0) return dir + rel;
   }
   return "";

@@ -1,6 +1,6 @@
 // hwloc -> Topology: packages, NUMA nodes, cores, the PCI tree (GPUs, NVSwitches, RDMA devices,
 // network interfaces) and hwloc's NVLink bandwidth matrix, from this machine or an XML export.
-// Traps these exports taught us (shared/fixtures/README.md): I/O objects only appear with the I/O
+// Traps these exports taught us (tests/fixtures/README.md): I/O objects only appear with the I/O
 // filter at KEEP_ALL; hwloc_get_common_ancestor_obj() dereferences NULL across host bridges, so
 // locality is computed from parent chains here and compared without hwloc; GPUs are not always
 // typed GPU (NVML devices can be COPROC, some exports hold only the PCI device).

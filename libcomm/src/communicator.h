@@ -63,7 +63,7 @@ struct comm_s {
   // The profile entries for this communicator's rank count and transport (never null after init).
   std::shared_ptr<const comm::tuning::Applied> tuning;
   comm::algo::Scratch scratch;
-  // Device buffers (transports/nccl): the NCCL communicator or the staging buffer; made at
+  // Device buffers (device/): the NCCL communicator or the staging buffer; made at
   // init with COMM_TRANSPORT=nccl, else at the first call with a stream.
   std::shared_ptr<comm::device::State> device;
 

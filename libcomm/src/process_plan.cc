@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -11,7 +12,7 @@
 #include "params.h"
 #include "store/store.h"
 #include "nccl_env.h"
-#include "ucx/ucx_transport.h"
+#include "registry.h"
 
 namespace comm::topology {
 namespace {
@@ -94,7 +95,10 @@ Config config_from_env() {
     }
   }
   c.numa = numa_of_current_cpu();
-  if (transport::ucx_built()) c.host_transports.push_back("ucx");  // the plan may pick it for IB/RoCE peers
+  // What this build implements, from the registry: the plan may pick UCX for IB/RoCE peers.
+  for (const auto& t : transport::registry())
+    if (t.built() && std::find(c.host_transports.begin(), c.host_transports.end(), t.name) == c.host_transports.end())
+      c.host_transports.emplace_back(t.name);
   int64_t threshold = 0;
   if (params::get_int("COMM_LONG_HAUL_RTT_US", 1, 60000000, &threshold).ok())
     c.long_haul_rtt_us = static_cast<double>(threshold);

@@ -13,13 +13,7 @@ import sys
 import time
 import traceback
 
-try:
-    import libcomm.torch_backend  # noqa: F401 - registers "libcomm"
-except ImportError as e:
-    if "not built" in str(e):
-        print(f"SKIP: {e}")
-        sys.exit(77)
-    raise
+import torch_backend_or_skip  # noqa: F401 - registers "libcomm", or SKIP
 
 import torch
 import torch.distributed as dist

@@ -11,13 +11,7 @@ import os
 import shutil
 import sys
 
-try:
-    import libcomm.torch_backend  # noqa: F401
-except ImportError as e:
-    if "not built" in str(e):
-        print(f"SKIP: {e}")
-        sys.exit(77)
-    raise
+import torch_backend_or_skip  # noqa: F401 - registers "libcomm", or SKIP
 
 from test_example import EXAMPLE, PY, SMALL, check_replicas, run
 

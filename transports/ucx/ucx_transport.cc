@@ -77,7 +77,31 @@ UcxTransport::UcxTransport(Options options) : Transport(std::move(options)) {
   }
 }
 
+// Setup in named steps: the worker, the failure-report receive, then (more than one rank) the
+// address exchange and an endpoint to every peer, wired up while every rank is here.
 Status UcxTransport::setup() {
+  COMM_RETURN_IF_ERROR(create_worker());
+  COMM_RETURN_IF_ERROR(post_report_receive());
+  if (size() == 1) return Status::Ok();
+  if (size() > kMaxRanks)
+    return InvalidArgument("UCX transport: " + std::to_string(size()) + " ranks; at most " +
+                           std::to_string(kMaxRanks) + " fit in its tags");
+  COMM_RETURN_IF_ERROR(publish_address());
+  const Deadline deadline = Deadline::after_ms(options_.timeout_ms);
+  for (int r = 0; r < size(); ++r)
+    if (r != rank()) COMM_RETURN_IF_ERROR(connect_peer(r, deadline));
+  COMM_RETURN_IF_ERROR(connect_all(deadline));
+  std::string tls;
+  if (const char* v = getenv("UCX_TLS")) tls = v;
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  COMM_INFO(kNet, "%s: UCX %u.%u.%u, %d endpoints, UCX_TLS=%s, waits %s", me().c_str(), major, minor, release,
+            size() - 1, tls.empty() ? "(UCX's choice)" : tls.c_str(),
+            worker_fd_ >= 0 ? "block on the worker's event fd" : "nap");
+  return Status::Ok();
+}
+
+Status UcxTransport::create_worker() {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return SystemError(me() + ": UCX transport: eventfd() failed: " + errno_string(errno));
 
@@ -105,8 +129,11 @@ Status UcxTransport::setup() {
     worker_fd_ = -1;  // waits then nap instead of blocking on the fd
     COMM_WARN(kNet, "%s: UCX worker has no event fd (%s): waits poll with short naps", me().c_str(), ucs(s).c_str());
   }
+  return Status::Ok();
+}
 
-  // Where a peer's failure report lands: any source, posted for the transport's whole life.
+// Where a peer's failure report lands: any source, posted for the transport's whole life.
+Status UcxTransport::post_report_receive() {
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   rp.cb.recv = &UcxTransport::on_error_report;
@@ -116,69 +143,58 @@ Status UcxTransport::setup() {
     return Internal(me() + ": UCX transport: posting the failure-report receive failed: " + ucs(UCS_PTR_STATUS(req)));
   report_part_.ucp = req;
   report_part_.pending = true;
+  return Status::Ok();
+}
 
-  if (size() == 1) return Status::Ok();
-  if (size() > kMaxRanks)
-    return InvalidArgument("UCX transport: " + std::to_string(size()) + " ranks; at most " +
-                           std::to_string(kMaxRanks) + " fit in its tags");
-
+Status UcxTransport::publish_address() {
   ucp_address_t* address = nullptr;
   size_t address_len = 0;
-  s = ucp_worker_get_address(worker_, &address, &address_len);
+  ucs_status_t s = ucp_worker_get_address(worker_, &address, &address_len);
   if (s != UCS_OK) return Internal(me() + ": UCX transport: ucp_worker_get_address failed: " + ucs(s));
   // The address, and this process's pid and pid namespace: a peer reached only over shared
   // memory (no UCX failure detection there) is checked for death by its pid.
   const std::string mine = hex(address, address_len) + "|" + std::to_string(::getpid()) + "|" + pid_namespace();
   ucp_worker_release_address(worker_, address);
-  COMM_RETURN_IF_ERROR(options_.store->set("ucx/addr/" + std::to_string(rank()), mine));
+  return options_.store->set("ucx/addr/" + std::to_string(rank()), mine);
+}
 
-  const Deadline deadline = Deadline::after_ms(options_.timeout_ms);
+// Rank r's published address, then an endpoint to it (with peer-failure handling where UCX has it).
+Status UcxTransport::connect_peer(int r, const Deadline& deadline) {
   std::vector<unsigned char> remote;
-  for (int r = 0; r < size(); ++r) {
-    if (r == rank()) continue;
-    std::string text;
-    Status st = options_.store->get("ucx/addr/" + std::to_string(r), &text, deadline);
-    if (!st.ok())
-      return Timeout(me() + ": UCX transport: rank " + std::to_string(r) + " did not publish its UCX address within " +
-                     std::to_string(options_.timeout_ms) + " ms (is it running, with COMM_TRANSPORT=ucx too?)");
-    const size_t bar = text.find('|');
-    const size_t bar2 = bar == std::string::npos ? bar : text.find('|', bar + 1);
-    if (bar2 == std::string::npos || !unhex(text.substr(0, bar), &remote) || remote.empty())
-      return RemoteError(me() + ": UCX transport: rank " + std::to_string(r) + " published a malformed UCX address");
-    Peer& peer = peers_[static_cast<size_t>(r)];
-    if (text.substr(bar2 + 1) == pid_namespace()) peer.pid = atoi(text.substr(bar + 1, bar2 - bar - 1).c_str());
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails its endpoint instead of hanging it
-    ep.err_handler.cb = &UcxTransport::on_peer_failure;
-    ep.err_handler.arg = &peer;
+  std::string text;
+  Status st = options_.store->get("ucx/addr/" + std::to_string(r), &text, deadline);
+  if (!st.ok())
+    return Timeout(me() + ": UCX transport: rank " + std::to_string(r) + " did not publish its UCX address within " +
+                   std::to_string(options_.timeout_ms) + " ms (is it running, with COMM_TRANSPORT=ucx too?)");
+  const size_t bar = text.find('|');
+  const size_t bar2 = bar == std::string::npos ? bar : text.find('|', bar + 1);
+  if (bar2 == std::string::npos || !unhex(text.substr(0, bar), &remote) || remote.empty())
+    return RemoteError(me() + ": UCX transport: rank " + std::to_string(r) + " published a malformed UCX address");
+  Peer& peer = peers_[static_cast<size_t>(r)];
+  if (text.substr(bar2 + 1) == pid_namespace()) peer.pid = atoi(text.substr(bar + 1, bar2 - bar - 1).c_str());
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails its endpoint instead of hanging it
+  ep.err_handler.cb = &UcxTransport::on_peer_failure;
+  ep.err_handler.arg = &peer;
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &peer.ep);
+  if (s == UCS_ERR_UNREACHABLE) {
+    // UCX 1.13 offers no peer-failure handling over shared memory alone (UCX_TLS=posix/sysv):
+    // connect without it, and watch that peer's pid instead (same host, same pid namespace).
+    ep.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     s = ucp_ep_create(worker_, &ep, &peer.ep);
-    if (s == UCS_ERR_UNREACHABLE) {
-      // UCX 1.13 offers no peer-failure handling over shared memory alone (UCX_TLS=posix/sysv):
-      // connect without it, and watch that peer's pid instead (same host, same pid namespace).
-      ep.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
-      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-      s = ucp_ep_create(worker_, &ep, &peer.ep);
-      if (s == UCS_OK) {
-        peer.watch_pid = peer.pid > 0;
-        COMM_INFO(kNet, "%s: UCX endpoint to rank %d has no failure handling on these transports; %s", me().c_str(), r,
-                  peer.watch_pid ? "its pid is watched instead" : "a dead peer shows as a timeout");
-      }
+    if (s == UCS_OK) {
+      peer.watch_pid = peer.pid > 0;
+      COMM_INFO(kNet, "%s: UCX endpoint to rank %d has no failure handling on these transports; %s", me().c_str(), r,
+                peer.watch_pid ? "its pid is watched instead" : "a dead peer shows as a timeout");
     }
-    if (s != UCS_OK)
-      return SystemError(me() + ": UCX transport: connecting to rank " + std::to_string(r) + " failed: " + ucs(s) +
-                         " (do both hosts share a UCX transport? see UCX_TLS and `ucx_info -d`)");
   }
-  COMM_RETURN_IF_ERROR(connect_all(deadline));
-  std::string tls;
-  if (const char* v = getenv("UCX_TLS")) tls = v;
-  unsigned major = 0, minor = 0, release = 0;
-  ucp_get_version(&major, &minor, &release);
-  COMM_INFO(kNet, "%s: UCX %u.%u.%u, %d endpoints, UCX_TLS=%s, waits %s", me().c_str(), major, minor, release,
-            size() - 1, tls.empty() ? "(UCX's choice)" : tls.c_str(),
-            worker_fd_ >= 0 ? "block on the worker's event fd" : "nap");
+  if (s != UCS_OK)
+    return SystemError(me() + ": UCX transport: connecting to rank " + std::to_string(r) + " failed: " + ucs(s) +
+                       " (do both hosts share a UCX transport? see UCX_TLS and `ucx_info -d`)");
   return Status::Ok();
 }
 

@@ -99,6 +99,10 @@ class UcxTransport final : public Transport {
 
   // Context, worker, address exchange, endpoints.
   Status setup();
+  Status create_worker();        // setup's steps (ucx_transport.cc)
+  Status post_report_receive();
+  Status publish_address();
+  Status connect_peer(int r, const Deadline& deadline);
 
   const char* name() const override { return "ucx"; }
   Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {

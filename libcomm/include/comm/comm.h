@@ -191,7 +191,7 @@ typedef struct {
   int op;                     /* a comm_op_t; COMM_UNSET: COMM_AVG (the sum divided by the rank count once) */
   /* COMM_UNSET: gradients travel in their own dtype. COMM_FLOAT16 or COMM_BFLOAT16: float32
    * buckets are compressed to it in the bucket, reduced (each step in fp32, rounded), and
-   * decompressed; other dtypes travel as they are. Error bound: README, "The gradient engine". */
+   * decompressed; other dtypes travel as they are. Error bound: docs/engine.md, "fp16/bf16 on the wire". */
   int wire_dtype;
   /* 1: the engine owns flat bucket storage; comm_engine_grad_view gives each gradient's place in it
    * and the framework makes the gradient that view, so nothing is copied in or out.
@@ -207,7 +207,7 @@ typedef struct {
   /* NULL: host gradients. A cudaStream_t: device gradients produced on that stream; the buckets
    * are all-reduced on the engine's own stream (NCCL, or staged through pinned host memory),
    * ordered after that stream by events, and end() makes that stream wait for them (the host does
-   * not). COMM_ERR_UNAVAILABLE without CUDA, or with wire_dtype set. README: "Device gradients". */
+   * not). COMM_ERR_UNAVAILABLE without CUDA, or with wire_dtype set. docs/engine.md, "Device gradients". */
   comm_stream_t stream;
   /* Chrome/Perfetto trace (JSON) of steps and buckets, written at comm_engine_destroy.
    * NULL: COMM_TRACE_FILE; a "%r" in the name becomes the rank. "" or unset: no trace. */

@@ -68,7 +68,7 @@ class EntryParser {
     COMM_RETURN_IF_ERROR(int_field("ranks", 1, 1 << 24, true, &ranks));
     e_.ranks = static_cast<int>(ranks);
     COMM_RETURN_IF_ERROR(string_field("transport", &e_.transport));
-    // The names comm.cc's profile_transport() gives a communicator, and NCCL's settings.
+    // The names connect.cc's profile_transport() gives a communicator, and NCCL's settings.
     if (e_.transport != "shm" && e_.transport != "socket" && e_.transport != "shm+socket" && e_.transport != "ucx" &&
         e_.transport != "shm+ucx" && e_.transport != "socket+ucx" && e_.transport != "nccl")
       return fail("transport '" + e_.transport +
