@@ -27,26 +27,32 @@ def expect_raises(exc_type, fn, *args, contains=(), **kwargs):
     raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
 
 
-def main(comm=None):
-    own = comm is None
-    if own:
-        comm = libcomm.Communicator(timeout_ms=int(os.environ.get("COMM_TIMEOUT_MS", "30000")))
-    failed = 0
+def run_cases(cases, rank, call, on_failure):
+    """Runs each case as call(fn) (TEST_CASE=name runs that one alone), printing "ok NAME (t s)" on
+    rank 0. The first failure prints the rank, the case and the traceback, then on_failure() runs:
+    a failed case may leave peers in a collective, so it must end the run, never hang. Returns the
+    number of failures (0 or 1)."""
     only = os.environ.get("TEST_CASE")
-    for fn in CASES:
+    for fn in cases:
         if only and only != fn.__name__:
             continue
         start = time.monotonic()
         try:
-            fn(comm)
+            call(fn)
         except Exception:  # noqa: BLE001 - every failure is reported, then the run fails
-            failed += 1
-            print(f"FAIL rank {comm.rank} {fn.__name__}:\n{traceback.format_exc()}", flush=True)
-            # A failed case may leave peers in a collective: end this run, never hang.
-            comm.abort()
-            break
-        if comm.rank == 0:
+            print(f"FAIL rank {rank} {fn.__name__}:\n{traceback.format_exc()}", flush=True)
+            on_failure()
+            return 1
+        if rank == 0:
             print(f"ok {fn.__name__} ({time.monotonic() - start:.2f} s)", flush=True)
+    return 0
+
+
+def main(comm=None):
+    own = comm is None
+    if own:
+        comm = libcomm.Communicator(timeout_ms=int(os.environ.get("COMM_TIMEOUT_MS", "30000")))
+    failed = run_cases(CASES, comm.rank, lambda fn: fn(comm), comm.abort)
     if own:
         comm.destroy()
     sys.exit(1 if failed else 0)

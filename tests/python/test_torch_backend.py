@@ -10,10 +10,10 @@ gloo calls it has."""
 import datetime
 import os
 import sys
-import time
-import traceback
 
 import torch_backend_or_skip  # noqa: F401 - registers "libcomm", or SKIP
+
+import harness
 
 import torch
 import torch.distributed as dist
@@ -323,19 +323,8 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "libcomm"
     gloo = dist.new_group(backend="gloo")
-    only = os.environ.get("TEST_CASE")
-    for fn in CASES:
-        if only and only != fn.__name__:
-            continue
-        start = time.monotonic()
-        try:
-            fn(rank, size, gloo)
-        except Exception:  # noqa: BLE001 - reported, then the job ends (the launcher stops the rest)
-            print(f"FAIL rank {rank} {fn.__name__}:\n{traceback.format_exc()}", flush=True)
-            sys.stdout.flush()
-            os._exit(1)
-        if rank == 0:
-            print(f"ok {fn.__name__} ({time.monotonic() - start:.2f} s)", flush=True)
+    # A failure ends the job at once (the launcher stops the rest); os._exit skips torch's teardown.
+    harness.run_cases(CASES, rank, lambda fn: fn(rank, size, gloo), lambda: (sys.stdout.flush(), os._exit(1)))
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
