@@ -34,6 +34,12 @@ const TransportInfo* find(const std::string& name) {
   return nullptr;
 }
 
+std::string first_reaching_other_hosts() {
+  for (const auto& t : registry())
+    if (!t.host_local && t.built()) return t.name;
+  return "";
+}
+
 std::string names(bool built_only) {
   std::vector<std::string> list;
   for (const auto& t : registry())

@@ -41,6 +41,9 @@ struct TransportInfo {
 
 const std::vector<TransportInfo>& registry();
 const TransportInfo* find(const std::string& name);  // nullptr when no transport has that name
+// The first built transport that reaches other hosts (the registry's order: sockets): where a
+// host-local transport cannot serve, local peers take it. "" when none is built.
+std::string first_reaching_other_hosts();
 // The names, for messages: "shm, socket or ucx" (only those built, when built_only).
 std::string names(bool built_only);
 

@@ -172,9 +172,7 @@ bool decode_hosts(const std::string& text, int size, std::vector<int>* host_of) 
 std::string local_transport_unavailable(const std::string& forced, const std::vector<int>& host_of) {
   const transport::TransportInfo* t = transport::find(forced);
   if (t == nullptr || !t->host_local) return "";
-  std::string across;  // the first transport that reaches other hosts, for the hint
-  for (const auto& other : transport::registry())
-    if (across.empty() && !other.host_local && other.built()) across = other.name;
+  const std::string across = transport::first_reaching_other_hosts();  // for the hint
   for (size_t r = 1; r < host_of.size(); ++r)
     if (host_of[r] != host_of[0])
       return "COMM_TRANSPORT=" + forced + " needs every rank on one host, but rank " + std::to_string(r) +

@@ -108,14 +108,6 @@ Status create_host_transport(const std::string& kind, const transport::Options& 
   return Status::Ok();
 }
 
-// Where the host-local transport cannot serve, local peers take the first transport that
-// reaches other hosts (the registry's order: sockets).
-std::string fallback_transport() {
-  for (const auto& t : transport::registry())
-    if (!t.host_local && t.built()) return t.name;
-  return "";
-}
-
 bool is_host_local(const std::string& kind) {
   const transport::TransportInfo* t = transport::find(kind);
   return t != nullptr && t->host_local;
@@ -142,7 +134,7 @@ std::string profile_transport(comm_t c) {
   if (c->settings.transport != "auto" && c->settings.transport != "nccl" && !is_host_local(c->settings.transport))
     return c->settings.transport;
   const std::string& remote = far.transport;
-  const std::string fallback = fallback_transport();
+  const std::string fallback = transport::first_reaching_other_hosts();
   if (every_rank_alone(c->host_of)) return remote;
   if (!c->local_transport_usable) return c->all_local || remote == fallback ? fallback : fallback + "+" + remote;
   return c->all_local ? near.transport : near.transport + "+" + remote;
@@ -178,12 +170,13 @@ void match_tuning(comm_t c) {
 // up; COMM_TRANSPORT=shm needs one host. Every rank of the communicator decides alike: the host
 // map is the same everywhere and shm's setup outcome is agreed.
 Status connect_transport(comm_t c) {
+  const std::string fallback = transport::first_reaching_other_hosts();  // local peers without shm
   transport::Options opt;
   opt.rank = c->rank;
   opt.size = c->size;
   opt.timeout_ms = c->settings.timeout_ms;
   opt.secret = c->secret;
-  opt.store = transport_store(c, fallback_transport());
+  opt.store = transport_store(c, fallback);
   opt.comm_label = "comm " + c->id;
   opt.all_local = c->all_local;
   opt.host_of = c->host_of;
@@ -200,7 +193,6 @@ Status connect_transport(comm_t c) {
   choose(c->settings, &near_choice, &far_choice);
   const std::string local_peers = ranks_where(c, true), remote_peers = ranks_where(c, false);
   const bool forced_local = is_host_local(c->settings.transport);
-  const std::string fallback = fallback_transport();
   std::unique_ptr<transport::Transport> near;
   const transport::TransportInfo* local = transport::find(near_choice.transport);
   if (local != nullptr && local->host_local && c->local_transport_usable && !every_rank_alone(c->host_of)) {
