@@ -182,9 +182,47 @@ class Transport {
   virtual LocalAccess* local() { return nullptr; }
   bool supports_direct_access() { return local() != nullptr; }
 
+  // What the wait that failed was still waiting on, so the core can follow a hang along the
+  // ranks' waits to the rank at the end of the chain (libcomm/src/blame.cc): the first rank to
+  // time out names only its own peer, which may itself wait on the rank that stalls.
+  struct Awaited {
+    int peer = -1;
+    OpTag tag;
+  };
+  struct WaitFailure {
+    // The wait timed out, or a peer reported that its own wait timed out.
+    bool hang = false;
+    std::vector<Awaited> awaited;  // each peer once, in the order the wait listed them
+  };
+  // Read by the thread that drove the failed wait (the communicator's rule).
+  const WaitFailure& wait_failure() const { return wait_failure_; }
+  bool peer_reported_timeout() const { return peer_reported_timeout_; }
+
  protected:
   explicit Transport(Options options) : options_(std::move(options)) {}
+  // Records that a wait ended with `failure` while `peer` had not finished `tag` (call once
+  // per unfinished peer); only the first failed wait is kept, as the transport stays failed.
+  void note_awaited(const Status& failure, int peer, const OpTag& tag) {
+    if (wait_failure_sealed_ || failure.ok()) return;
+    wait_failure_.hang = wait_failure_.hang || failure.code() == COMM_ERR_TIMEOUT || peer_reported_timeout_;
+    for (const Awaited& a : wait_failure_.awaited)
+      if (a.peer == peer) return;
+    wait_failure_.awaited.push_back({peer, tag});
+  }
+  // Ends the record of the failed wait (after its note_awaited calls).
+  void seal_wait_failure(const Status& failure) {
+    if (failure.ok() || wait_failure_sealed_) return;
+    wait_failure_.hang = wait_failure_.hang || failure.code() == COMM_ERR_TIMEOUT || peer_reported_timeout_;
+    wait_failure_sealed_ = true;
+  }
+  // A peer's report (an ERROR frame, a failure in its header) said its wait timed out.
+  void peer_timed_out() { peer_reported_timeout_ = true; }
   Options options_;
+
+ private:
+  WaitFailure wait_failure_;
+  bool wait_failure_sealed_ = false;
+  bool peer_reported_timeout_ = false;
 };
 
 // Convenience for algorithms: send and receive at once, wait for both.

@@ -2,6 +2,7 @@
 // otherwise through the communicator's worker thread (non-blocking calls).
 #include <cstring>
 
+#include "blame.h"
 #include "communicator.h"
 #include "dtype.h"
 #include "log.h"
@@ -51,7 +52,20 @@ Status fail_communicator(comm_t c, Status st) {
     std::lock_guard<std::mutex> lock(c->state_mu);
     first = c->set_broken_locked(st);
   }
-  if (first && c->transport) c->transport->notify_peers(st);
+  if (first && c->transport) {
+    // Tell the peers first, so that their waits end too and they publish theirs; then follow
+    // the chain of waits to the rank that stalls (blame.h) and keep that verdict. A hang is
+    // reported as a timeout, also when a peer's report told us of it, so that every rank it
+    // reaches traces it too.
+    const bool hang = c->transport->wait_failure().hang && st.code() == COMM_ERR_REMOTE;
+    c->transport->notify_peers(hang ? Status(COMM_ERR_TIMEOUT, st.message()) : st);
+    Status traced = trace_hang(c, st);
+    if (traced.message() != st.message()) {
+      std::lock_guard<std::mutex> lock(c->state_mu);
+      c->broken = traced;
+      st = traced;
+    }
+  }
   COMM_WARN(kColl, "%s", st.message().c_str());
   return st;
 }

@@ -4,11 +4,13 @@
 //   HASH <label> <fnv1a>      a result that must be bitwise identical on every rank
 //   FAIL <text>               a wrong result                      DONE <failures>
 //   READY / ITER <i> / END <status> <monotonic ms> <call ms> / DESTROY <status> <ms>
-// Modes: init | collectives | kill | garbage | shm.
+// Modes: init | collectives | kill | garbage | shm | stall.
+#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -267,6 +269,45 @@ int mode_kill() {
   return 0;
 }
 
+// A chain of waits on 4 ranks whose first timeout is not the stopped rank's neighbour:
+// after a barrier, rank v (STALL_VICTIM, default 3) stops itself (SIGSTOP); a = v+1 receives
+// from v a second late, b = v+2 receives from a at once, d = v+3 receives from b half a second
+// late, each then passing the message on. So b times out first, waiting on a, which is
+// healthy and waits on v.
+int mode_stall() {
+  int rank = -1, n = -1;
+  comm_t c = init_or_report(&rank, &n);
+  if (!c) return 2;
+  const char* env = std::getenv("STALL_VICTIM");
+  const int v = env ? std::atoi(env) : 3;
+  comm_status_t st = comm_barrier(c, nullptr);
+  say("READY " + std::to_string(st));
+  std::vector<float> x(1024, 1.0f);
+  const int a = (v + 1) % n, b = (v + 2) % n, d = (v + 3) % n;
+  const double t0 = mono_ms();
+  if (rank == v) {
+    raise(SIGSTOP);
+    return 0;
+  }
+  if (rank == a) {
+    usleep(1000 * 1000);
+    st = comm_recv(c, x.data(), x.size(), COMM_FLOAT32, v, nullptr);
+    if (st == COMM_OK) st = comm_send(c, x.data(), x.size(), COMM_FLOAT32, b, nullptr);
+  } else if (rank == b) {
+    st = comm_recv(c, x.data(), x.size(), COMM_FLOAT32, a, nullptr);
+    if (st == COMM_OK) st = comm_send(c, x.data(), x.size(), COMM_FLOAT32, d, nullptr);
+  } else if (rank == d) {
+    usleep(500 * 1000);
+    st = comm_recv(c, x.data(), x.size(), COMM_FLOAT32, b, nullptr);
+  }
+  say("END " + std::to_string(st) + " " + std::to_string(static_cast<long long>(mono_ms())) + " " +
+      std::to_string(static_cast<long>(mono_ms() - t0)));
+  if (st != COMM_OK) say("MSG " + one_line(comm_last_error(c)));
+  comm_abort(c);  // the stopped rank never answers a graceful destroy
+  comm_destroy(c);
+  return 0;
+}
+
 // comm_mem_alloc buffers (shared memory local peers read in place) on the world, a dup and an
 // even/odd split: all-reduces small and large, in and out of place, checked and hashed.
 int mode_shm() {
@@ -351,6 +392,7 @@ int main(int argc, char** argv) {
   if (mode == "kill") return mode_kill();
   if (mode == "garbage") return mode_garbage();
   if (mode == "shm") return mode_shm();
-  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm (with torchrun's environment)\n");
+  if (mode == "stall") return mode_stall();
+  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm|stall (with torchrun's environment)\n");
   return 64;
 }

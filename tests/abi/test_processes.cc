@@ -108,6 +108,97 @@ TEST_CASE("processes: SIGKILL of a rank during a 64 MiB allreduce: every survivo
   }
 }
 
+namespace {
+
+// Waits for every rank but the stopped victim, then kills the victim (SIGKILL ends a stopped
+// process too) and reaps it. True when the survivors ended by themselves.
+bool wait_survivors_then_kill(std::vector<Proc>& procs, int victim, double deadline) {
+  std::vector<Proc> survivors;
+  for (int r = 0; r < static_cast<int>(procs.size()); ++r)
+    if (r != victim) survivors.push_back(procs[r]);
+  const bool ended = wait_all(survivors, deadline);
+  for (int r = 0, k = 0; r < static_cast<int>(procs.size()); ++r)
+    if (r != victim) procs[r] = survivors[k++];
+  std::vector<Proc> stopped{procs[victim]};
+  kill(stopped[0].pid, SIGKILL);
+  wait_all(stopped, now_ms() + 10000);
+  procs[victim] = stopped[0];
+  return ended;
+}
+
+// Every survivor failed, and its message names `victim` as the stalled rank and no other.
+void check_names_stalled(const std::vector<Proc>& procs, int victim) {
+  for (int r = 0; r < static_cast<int>(procs.size()); ++r) {
+    if (r == victim) continue;
+    INFO("survivor rank " << r);
+    const std::string msg = line_after(procs[r].output(), "MSG ").value_or("");
+    CHECK(end_line(procs[r].output()).status != COMM_OK);
+    INFO("message: " << msg);
+    CHECK(msg.rfind("rank " + std::to_string(victim) + " is stalled: ", 0) == 0);
+    for (int other = 0; other < static_cast<int>(procs.size()); ++other)
+      if (other != victim) CHECK(msg.find("rank " + std::to_string(other) + " is stalled") == std::string::npos);
+  }
+}
+
+}  // namespace
+
+// Issue 15's first defect: the first rank to time out named the peer it waited on, and every
+// rank failed with that, also when that peer was healthy and itself waiting on the stopped rank.
+TEST_CASE("processes: a rank stopped (SIGSTOP) at the end of a chain of waits is the rank every survivor names, "
+          "also when the first rank to time out waits on a healthy one",
+          "[process]") {
+  struct Case {
+    const char* transport;
+    int victim;
+  };
+  // Victim 0 also stops the job store it serves: that silence names it.
+  for (const Case& k : {Case{"socket", 3}, Case{"shm", 1}, Case{"socket", 0}}) {
+    TempDir dir;
+    const int n = 4, timeout_ms = 2000;
+    const int port = free_port();
+    INFO("COMM_TRANSPORT=" << k.transport << ", victim rank " << k.victim);
+    auto procs = launch(dir, "stall", n, [&](int r) {
+      return torchrun_env(r, n, port, timeout_ms,
+                          {{"COMM_TRANSPORT", k.transport}, {"STALL_VICTIM", std::to_string(k.victim)}});
+    });
+    const bool ended = wait_survivors_then_kill(procs, k.victim, now_ms() + 60000);
+    INFO("outputs:\n" << describe_all(procs));
+    CHECK(ended);
+    check_names_stalled(procs, k.victim);
+  }
+}
+
+TEST_CASE("processes: SIGSTOP of a rank during a 64 MiB ring allreduce of 4 ranks: every survivor's error names the "
+          "stopped rank (trials over sockets and shared memory)",
+          "[process]") {
+  struct Case {
+    const char* transport;
+    int victim;
+  };
+  for (const Case& k : {Case{"socket", 2}, Case{"shm", 3}, Case{"socket", 1}}) {
+    TempDir dir;
+    const int n = 4, timeout_ms = 2000;
+    const int port = free_port();
+    INFO("COMM_TRANSPORT=" << k.transport << ", victim rank " << k.victim);
+    auto procs = launch(dir, "kill", n, [&](int r) {
+      return torchrun_env(r, n, port, timeout_ms, {{"COMM_TRANSPORT", k.transport}, {"COMM_ALGO", "ring"}});
+    });
+    const double t0 = now_ms();
+    bool in_third = false;
+    while (!in_third && now_ms() - t0 < 120000) {
+      in_third = procs[k.victim].output().find("ITER 2\n") != std::string::npos;
+      if (!in_third) usleep(2000);
+    }
+    usleep(30000);
+    kill(procs[k.victim].pid, SIGSTOP);
+    const bool ended = wait_survivors_then_kill(procs, k.victim, now_ms() + 60000);
+    INFO("outputs:\n" << describe_all(procs));
+    REQUIRE(in_third);
+    CHECK(ended);
+    check_names_stalled(procs, k.victim);
+  }
+}
+
 TEST_CASE("processes: malformed launcher variables are COMM_ERR_INVALID_ARGUMENT naming the variable", "[process]") {
   TempDir dir;
   struct Bad {

@@ -157,6 +157,20 @@ class RoutedTransport final : public Transport {
 
   // wait (all listed) and wait_some (any listed, or woken).
   Status drive(const RequestId* ids, size_t n, bool any) {
+    Status st = drive_parts(ids, n, any);
+    if (st.ok()) return st;
+    // A failure names the peers this wait still needed (Transport::wait_failure), whichever
+    // part failed.
+    if (near_->peer_reported_timeout() || far_->peer_reported_timeout()) peer_timed_out();
+    for (size_t i = 0; i < n && ids != nullptr; ++i) {
+      const Entry& e = pool_[ids[i] & (kPoolSize - 1)];
+      if (!e.completed && e.peer >= 0) note_awaited(st, e.peer, e.tag);
+    }
+    seal_wait_failure(st);
+    return st;
+  }
+
+  Status drive_parts(const RequestId* ids, size_t n, bool any) {
     COMM_RETURN_IF_ERROR(failed_);
     if (n > 0 && ids == nullptr) return InvalidArgument("routed transport: null request id list");
     size_t near_count = 0, pending = 0;

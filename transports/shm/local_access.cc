@@ -56,7 +56,7 @@ Status ShmTransport::post() {
 Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_least, const char* what) {
   uint64_t last = c.load(std::memory_order_acquire);
   if (last >= at_least) return Status::Ok();
-  return await(
+  Status st = await(
       [&](bool* done, bool* moved) {
         const uint64_t v = c.load(std::memory_order_acquire);
         *done = v >= at_least;
@@ -72,13 +72,14 @@ Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_l
                        std::to_string(rank()) + " waited on " + who(i) + " (" + what + " " + describe(tag_) +
                        " over shared memory); is that rank still running, and calling the same operation?");
       });
+  return st.ok() ? st : note_peer(st, i);
 }
 
 // Small calls: the peer's slot head carries its call number and tag in one cache line.
 Status ShmTransport::wait_slot(int i) {
   SlotHead* h = slot_head(i);
   if (h->call.load(std::memory_order_acquire) < call_) {
-    COMM_RETURN_IF_ERROR(await(
+    Status st = await(
         [&](bool* done, bool* moved) {
           *done = h->call.load(std::memory_order_acquire) >= call_;
           return *done ? Status::Ok() : progress(moved);
@@ -97,7 +98,8 @@ Status ShmTransport::wait_slot(int i) {
           return Timeout("no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
                          std::to_string(rank()) + " waited on " + who(i) + " (its part of " + describe(tag_) +
                          " over shared memory); is that rank still running, and calling the same operation?");
-        }));
+        });
+    if (!st.ok()) return note_peer(st, i);
   }
   const OpTag theirs = op_tag(h->tag);
   if (!(theirs == tag_))

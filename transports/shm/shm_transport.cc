@@ -107,6 +107,7 @@ Status ShmTransport::peer_errors() {
     for (auto& ch : text)
       if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f) ch = '?';
     const comm_status_t status = code == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
+    if (code == COMM_ERR_TIMEOUT) peer_timed_out();  // a hang: the core traces it (wait_failure)
     return Status(status, who(static_cast<int>(i)) + " reported: " + text);
   }
   return Status::Ok();
@@ -167,7 +168,7 @@ Status ShmTransport::wait(const RequestId* ids, size_t n) {
                          "; is that rank still running, and calling the same operation?");
         return Status::Ok();
       });
-  COMM_RETURN_IF_ERROR(st);
+  if (!st.ok()) return note_unfinished(st, ids, n);
   for (size_t i = 0; i < n; ++i) release(decltype(pool_)::index_of(ids[i]));
   return Status::Ok();
 }
@@ -176,7 +177,7 @@ Status ShmTransport::wait_some(const RequestId* ids, size_t n) {
   COMM_RETURN_IF_ERROR(usable());
   if (n == 0) return Status::Ok();
   COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
-  return await(
+  Status st = await(
       [&](bool* done, bool* moved) {
         COMM_RETURN_IF_ERROR(progress(moved));
         for (size_t i = 0; i < n && !*done; ++i) *done = pool_.of(ids[i]).done;
@@ -195,6 +196,16 @@ Status ShmTransport::wait_some(const RequestId* ids, size_t n) {
                          "; is that rank still running, and calling the same operation?");
         return Status::Ok();
       });
+  return st.ok() ? st : note_unfinished(st, ids, n);
+}
+
+Status ShmTransport::note_unfinished(const Status& failure, const RequestId* ids, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const Request& r = pool_.of(ids[i]);
+    if (!r.done) note_awaited(failure, peers_[static_cast<size_t>(r.peer)].rank, r.tag);
+  }
+  seal_wait_failure(failure);
+  return failure;
 }
 
 Status ShmTransport::test(RequestId id, bool* done) {

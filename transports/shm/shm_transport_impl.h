@@ -135,6 +135,14 @@ class ShmTransport final : public Transport, public LocalAccess {
     return failed_;
   }
   Status peer_errors();
+  // A failed wait on requests: records the peers it still waited on (Transport::wait_failure).
+  Status note_unfinished(const Status& failure, const RequestId* ids, size_t n);
+  // A failed one-sided wait on local peer i (this call's tag).
+  Status note_peer(const Status& failure, int i) {
+    note_awaited(failure, peers_[static_cast<size_t>(i)].rank, tag_);
+    seal_wait_failure(failure);
+    return failure;
+  }
   Status check_alive(int i, const std::string& during);
   // Wakes local peer i if it sleeps (after a store it may be waiting for).
   // fenced: our stores are ordered before the look at their flag (a full fence, which waits

@@ -228,6 +228,7 @@ Status SocketTransport::peer_reported(Connection& c) {
   c.state = RecvState::kHeader;
   // INVALID_USAGE stays INVALID_USAGE: every rank then reports the disagreement itself.
   comm_status_t code = c.recv_hdr.status == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
+  if (c.recv_hdr.status == COMM_ERR_TIMEOUT) peer_timed_out();  // a hang: the core traces it (wait_failure)
   return Status(code, "rank " + std::to_string(c.peer) + " reported: " + text);
 }
 

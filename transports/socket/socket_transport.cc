@@ -129,6 +129,15 @@ void SocketTransport::wake() {
 Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
   COMM_RETURN_IF_ERROR(usable());
   COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
+  // A failure names the peers this wait still needed (Transport::wait_failure).
+  auto failed = [&](const Status& st) {
+    for (size_t i = 0; i < n; ++i) {
+      const Request& r = pool_.of(ids[i]);
+      if (r.parts_left > 0) note_awaited(st, r.peer, r.tag);
+    }
+    seal_wait_failure(st);
+    return fail(st);
+  };
   ProgressClock clock(options_.timeout_ms, kSpin);
   for (;;) {
     bool all_done = true, some_done = false;
@@ -140,17 +149,17 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
       }
       all_done = false;
       Status st = check_peers(r);
-      if (!st.ok()) return fail(st);
+      if (!st.ok()) return failed(st);
     }
     if (all_done && !any) break;
     if (any && (some_done || n == 0 || woken_.exchange(false, std::memory_order_acq_rel))) return Status::Ok();
     if (aborted_.load(std::memory_order_acquire)) return usable();
     Clock::time_point now = Clock::now();
-    if (clock.expired(now)) return fail(Timeout(timeout_message(ids, n)));
+    if (clock.expired(now)) return failed(Timeout(timeout_message(ids, n)));
     int poll_ms = clock.spinning(now) ? 0 : clock.block_ms(now, kMaxBlockMs);
     uint64_t before = moved_;
     Status st = progress(poll_ms);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return failed(st);
     if (moved_ != before) clock.moved();
   }
   pool_.release_all(ids, n);

@@ -251,6 +251,15 @@ Status UcxTransport::block(int timeout_ms) {
 Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
   COMM_RETURN_IF_ERROR(usable());
   COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
+  // A failure names the peers this wait still needed (Transport::wait_failure).
+  auto fail = [&](const Status& st) {
+    for (size_t i = 0; i < n; ++i) {
+      const Request& r = pool_.of(ids[i]);
+      if (r.parts_left > 0) note_awaited(st, r.peer, r.tag);
+    }
+    seal_wait_failure(st);
+    return this->fail(st);
+  };
   ProgressClock clock(options_.timeout_ms, kSpin);
   for (;;) {
     bool all_done = true, some_done = false;
@@ -330,6 +339,7 @@ Status UcxTransport::peer_report() {
     if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f) ch = '?';
   // INVALID_USAGE stays INVALID_USAGE: every rank then reports the disagreement itself.
   comm_status_t code = h.status == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
+  if (h.status == COMM_ERR_TIMEOUT) peer_timed_out();  // a hang: the core traces it (wait_failure)
   return Status(code, "rank " + std::to_string(h.source) + " reported: " + text);
 }
 

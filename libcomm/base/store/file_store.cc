@@ -99,6 +99,7 @@ class FileStore final : public Store {
     tmp_prefix_ = dir_ + "/.tmp." + host + "." + std::to_string(getpid()) + "." + std::to_string(rd()) + ".";
   }
 
+  using Store::set;  // the set with a deadline: this store waits on no other process
   Status set(const std::string& key, const std::string& value) override { return write_key(key, value); }
 
   Status get(const std::string& key, std::string* value, Deadline deadline) override {

@@ -8,6 +8,9 @@ class PrefixStore final : public Store {
  public:
   PrefixStore(std::shared_ptr<Store> base, std::string prefix) : base_(std::move(base)), prefix_(std::move(prefix) + "/") {}
   Status set(const std::string& key, const std::string& value) override { return base_->set(prefix_ + key, value); }
+  Status set(const std::string& key, const std::string& value, Deadline deadline) override {
+    return base_->set(prefix_ + key, value, deadline);
+  }
   Status get(const std::string& key, std::string* value, Deadline deadline) override {
     return base_->get(prefix_ + key, value, deadline);
   }

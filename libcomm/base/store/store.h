@@ -15,6 +15,12 @@ class Store {
  public:
   virtual ~Store() = default;
   virtual Status set(const std::string& key, const std::string& value) = 0;
+  // The same, bounded by `deadline` where the store can block (a TCP store whose server may be
+  // stopped); the others ignore it.
+  virtual Status set(const std::string& key, const std::string& value, Deadline deadline) {
+    (void)deadline;
+    return set(key, value);
+  }
   // Blocks until key exists or the deadline passes (COMM_ERR_TIMEOUT naming the key).
   virtual Status get(const std::string& key, std::string* value, Deadline deadline) = 0;
   // Atomically adds delta to the integer stored at key (0 when absent); returns the new value.

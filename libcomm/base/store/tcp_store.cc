@@ -47,6 +47,12 @@ class Client final : public Store {
     return call(Op::kSet, key, value, Deadline::after_ms(options_.timeout_ms), &payload);
   }
 
+  Status set(const std::string& key, const std::string& value, Deadline deadline) override {
+    COMM_RETURN_IF_ERROR(check_sizes(key, value.size()));
+    std::string payload;
+    return call(Op::kSet, key, value, deadline, &payload);
+  }
+
   Status get(const std::string& key, std::string* value, Deadline deadline) override {
     COMM_RETURN_IF_ERROR(check_sizes(key, 0));
     return call(Op::kGet, key, "", deadline, value);
