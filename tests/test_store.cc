@@ -348,6 +348,65 @@ TEST_CASE("tcp store: a client sending garbage is dropped, others go on", "[stor
   }
 }
 
+// Issue 15: before, the server buffered the whole frame (up to 64 MiB) of a connection that had
+// not said hello, and only then refused it.
+TEST_CASE("tcp store: before its hello a connection may send only a hello: a 32 MiB set is refused at its header",
+          "[store]") {
+  auto server = start_server();
+  const int port = tcp_store_port(*server);
+  CapturedStderr log;
+  const int fd = raw_connect(port);
+  const std::string header = frame_header(0x434d5354, 2, 1, 32u << 20) + "k";
+  REQUIRE(send(fd, header.data(), header.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(header.size()));
+  const std::string body(1 << 20, 'v');  // a first MiB of the body: never read into the server
+  (void)send(fd, body.data(), body.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  CHECK(closed_by_peer(fd));
+  close(fd);
+  CHECK(log.wait_for("before the hello"));
+  auto client = connect_client(port);
+  check_round_trip(*client, "after-unannounced-set");
+}
+
+TEST_CASE("tcp store: a connection that does not say hello within hello_timeout_ms is closed; ranks go on",
+          "[store]") {
+  TcpStoreOptions o = server_options();
+  o.hello_timeout_ms = 300;
+  std::shared_ptr<Store> server;
+  REQUIRE(make_tcp_store(o, &server).ok());
+  const int port = tcp_store_port(*server);
+  CapturedStderr log;
+  const int idle = raw_connect(port);
+  auto client = connect_client(port);  // says hello at once: served, and not closed later
+  CHECK(closed_by_peer(idle));
+  close(idle);
+  CHECK(log.wait_for("no hello within 300 ms"));
+  std::this_thread::sleep_for(400ms);
+  check_round_trip(*client, "after-idle-stranger");
+}
+
+TEST_CASE("tcp store: at most max_unauthenticated connections wait for their hello; the oldest go, ranks are served",
+          "[store]") {
+  TcpStoreOptions o = server_options();
+  o.max_unauthenticated = 8;
+  std::shared_ptr<Store> server;
+  REQUIRE(make_tcp_store(o, &server).ok());
+  const int port = tcp_store_port(*server);
+  CapturedStderr log;
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) idle.push_back(raw_connect(port));
+  auto client = connect_client(port);  // a rank connecting during the flood
+  check_round_trip(*client, "during-idle-flood");
+  // The 12 oldest strangers (and one more for the client's connection) were closed; the newest stay.
+  for (int i = 0; i < 12; ++i) {
+    INFO("idle connection " << i);
+    CHECK(closed_by_peer(idle[static_cast<size_t>(i)]));
+  }
+  pollfd p{idle.back(), POLLIN, 0};
+  CHECK(poll(&p, 1, 200) == 0);  // the newest is still open and silent
+  for (int fd : idle) close(fd);
+  CHECK(log.wait_for("were already waiting to say hello"));
+}
+
 TEST_CASE("tcp store: an unreachable store ends in a timeout, never a hang", "[store]") {
   SECTION("a port bound but never listened on (connection refused)") {
     UnlistenedPort closed_port;

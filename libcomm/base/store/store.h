@@ -47,6 +47,10 @@ struct TcpStoreOptions {
   int world_size = 1;
   int timeout_ms = 600000;    // connect retry with backoff until this passes
   std::string auth_token;     // COMM_AUTH_TOKEN: clients presenting another are refused, logged
+  // Server: a connection must say hello within this, and at most this many may wait to: the
+  // oldest is closed for a new one, so idle connections cannot use up rank 0's descriptors.
+  int hello_timeout_ms = 5000;
+  int max_unauthenticated = 64;
 };
 // Rank 0: binds (COMM_ERR_SYSTEM naming the port if in use) and serves on a thread.
 // Others: connect with retry and exponential backoff until timeout (COMM_ERR_TIMEOUT naming

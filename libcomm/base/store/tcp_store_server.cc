@@ -4,6 +4,12 @@
 // A get for a missing key is parked (the connection is not read further) until some rank
 // sets the key; nothing busy-polls. A connection that sends anything but well-formed frames
 // is dropped with a warning naming the peer; the server goes on serving the others.
+//
+// Before its hello a connection is a stranger: it may send only a hello (a few KiB, read no
+// further than that), within TcpStoreOptions::hello_timeout_ms, and only
+// max_unauthenticated strangers are kept (the oldest goes for a new one). Otherwise anyone
+// who reaches the port could make rank 0 buffer 64 MiB per connection, or hold its
+// descriptors until accept() fails and the job dies.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -32,6 +38,7 @@ namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kReadBudgetPerWake = size_t{4} << 20;  // fairness between busy clients
+constexpr size_t kMaxHelloBytes = kRequestHeaderBytes + kMaxKeyBytes + 4;  // the token, the version
 
 struct Conn {
   posix::Fd fd;
@@ -41,6 +48,7 @@ struct Conn {
   std::string out;  // to send (from out_done on)
   size_t out_done = 0;
   bool greeted = false;  // hello accepted
+  Clock::time_point hello_by{};  // dropped when not greeted by then
   bool parked = false;   // a get waits for parked_key
   std::string parked_key;
   bool dead = false;
@@ -50,12 +58,14 @@ struct Conn {
 
 class Server final : public Store {
  public:
-  Server(posix::Fd listen_fd, posix::Fd wake_fd, int port, std::string where, std::string token)
+  Server(posix::Fd listen_fd, posix::Fd wake_fd, int port, std::string where, const TcpStoreOptions& options)
       : listen_fd_(std::move(listen_fd)),
         wake_fd_(std::move(wake_fd)),
         port_(port),
         where_(std::move(where)),
-        token_(std::move(token)),
+        token_(options.auth_token),
+        hello_timeout_(std::chrono::milliseconds(std::max(1, options.hello_timeout_ms))),
+        max_strangers_(static_cast<size_t>(std::max(1, options.max_unauthenticated))),
         read_buf_(kReadChunk) {}
 
   ~Server() override {
@@ -158,7 +168,14 @@ class Server final : public Store {
         fds.push_back({c->fd.get(), events, 0});
       }
       size_t polled = conns_.size();
-      int n = ::poll(fds.data(), fds.size(), accepting ? -1 : 100);
+      int timeout_ms = accepting ? -1 : 100;
+      if (Clock::time_point first = first_hello_deadline(); first != Clock::time_point::max()) {
+        // Wake up for the next stranger's hello deadline.
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(first - Clock::now()).count();
+        const int until = static_cast<int>(std::clamp<int64_t>(left, 0, 1000));
+        timeout_ms = timeout_ms < 0 ? until : std::min(timeout_ms, until);
+      }
+      int n = ::poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0) {
         if (errno == EINTR) continue;
         COMM_WARN(kStore, "store server %s: poll failed: %s", where_.c_str(), errno_string(errno).c_str());
@@ -172,6 +189,7 @@ class Server final : public Store {
         check_parked_ = true;  // an in-process set or add may have supplied a parked key
       }
       for (size_t i = 0; i < polled; ++i) handle(*conns_[i], fds[i + 2].revents);
+      drop_late_strangers();
       if (fds[1].revents & POLLIN) accept_all();
       serve_parked();
       std::erase_if(conns_, [](const std::unique_ptr<Conn>& c) { return c->dead; });
@@ -199,8 +217,43 @@ class Server final : public Store {
       c->fd.reset(fd);
       c->peer = posix::format_address(reinterpret_cast<sockaddr*>(&addr), len);
       COMM_TRACE(kStore, "store server %s: connection from %s", where_.c_str(), c->peer.c_str());
+      c->hello_by = Clock::now() + hello_timeout_;
+      make_room_for_stranger();
       conns_.push_back(std::move(c));
     }
+  }
+
+  // Connections that have not said hello, oldest first (they are accepted in order).
+  size_t strangers() const {
+    size_t n = 0;
+    for (const auto& c : conns_) n += !c->dead && !c->greeted;
+    return n;
+  }
+
+  void make_room_for_stranger() {
+    if (strangers() < max_strangers_) return;
+    for (auto& c : conns_) {
+      if (c->dead || c->greeted) continue;
+      drop(*c, "closed for a newer connection: " + std::to_string(max_strangers_) +
+                   " connections were already waiting to say hello (a port scanner, or a flood?)");
+      c->fd.reset();  // now, not at the end of this round: the descriptor is what runs out
+      return;
+    }
+  }
+
+  Clock::time_point first_hello_deadline() const {
+    Clock::time_point first = Clock::time_point::max();
+    for (const auto& c : conns_)
+      if (!c->dead && !c->greeted) first = std::min(first, c->hello_by);
+    return first;
+  }
+
+  void drop_late_strangers() {
+    const Clock::time_point now = Clock::now();
+    for (auto& c : conns_)
+      if (!c->dead && !c->greeted && now >= c->hello_by)
+        drop(*c, "no hello within " + std::to_string(hello_timeout_.count()) +
+                     " ms of connecting (not a libcomm rank, or one stuck before its hello?)");
   }
 
   void handle(Conn& c, short revents) {
@@ -231,7 +284,14 @@ class Server final : public Store {
   void read_some(Conn& c) {
     size_t budget = kReadBudgetPerWake;
     while (!c.dead && !c.parked && !c.pending_out() && budget > 0) {
-      ssize_t n = ::recv(c.fd.get(), read_buf_.data(), read_buf_.size(), MSG_DONTWAIT);
+      // A stranger is read no further than the largest hello.
+      size_t want = read_buf_.size();
+      if (!c.greeted) {
+        const size_t held = c.in.size() - c.in_done;
+        if (held >= kMaxHelloBytes) return drop(c, "sent more than a hello before its hello was answered");
+        want = std::min(want, kMaxHelloBytes - held);
+      }
+      ssize_t n = ::recv(c.fd.get(), read_buf_.data(), want, MSG_DONTWAIT);
       if (n > 0) {
         c.in.append(read_buf_.data(), static_cast<size_t>(n));
         budget -= std::min(budget, static_cast<size_t>(n));
@@ -281,6 +341,8 @@ class Server final : public Store {
       RequestHeader h;
       std::string why = check_request_header(p, &h);
       if (!why.empty()) return drop(c, why);
+      // Before the body is buffered: a stranger's only allowed frame is its hello.
+      if (!c.greeted && h.op != Op::kHello) return drop(c, "sent a request before the hello");
       size_t total = kRequestHeaderBytes + h.key_len + h.value_len;
       if (avail < total) break;
       std::string key(p + kRequestHeaderBytes, h.key_len);
@@ -375,6 +437,8 @@ class Server final : public Store {
   const int port_;
   const std::string where_;
   const std::string token_;
+  const std::chrono::milliseconds hello_timeout_;
+  const size_t max_strangers_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 
@@ -476,7 +540,7 @@ Status start_server(const TcpStoreOptions& options, std::shared_ptr<Store>* out)
 
   posix::Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return SystemError("store: eventfd: " + errno_string(errno));
-  auto server = std::make_shared<Server>(std::move(fd), std::move(wake), port, where, options.auth_token);
+  auto server = std::make_shared<Server>(std::move(fd), std::move(wake), port, where, options);
   COMM_RETURN_IF_ERROR(server->start_thread());
   COMM_INFO(kStore, "store server listening on %s", where.c_str());
   *out = std::move(server);
