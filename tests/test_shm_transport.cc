@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -183,4 +184,49 @@ TEST_CASE("shm: segments of a rank killed before unlinking them are removed at t
   CHECK(!exists(orphan));
   CHECK(exists(live));
   shm_unlink(live.c_str());
+}
+
+// Issue 15: a segment was created, sized and mapped before its owner was written, and
+// remove_orphans skipped a segment without one, so a rank killed in that window left it behind.
+TEST_CASE("shm: a rank killed right after creating a segment, before writing its header, leaves nothing after the "
+          "next init",
+          "[shm]") {
+  const std::string name = "/comm-createkill-" + std::to_string(getpid()) + "-0a";
+  const pid_t child = fork();
+  if (child == 0) {
+    comm::transport::shm::Segment s;
+    const bool ok = comm::transport::shm::Segment::create(name, 1 << 20, false, &s).ok();
+    _exit(ok ? 0 : 1);  // killed: no destructor, nothing unlinked, no header written
+  }
+  REQUIRE(child > 0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  REQUIRE(exists(name));
+  CHECK(comm::transport::shm::remove_orphans() >= 1);
+  CHECK(!exists(name));
+  shm_unlink(name.c_str());
+}
+
+TEST_CASE("shm: a segment with no owner written is removed once it is older than the bound, not before", "[shm]") {
+  const std::string tag = std::to_string(getpid());
+  const std::string old_one = "/comm-unclaimed-old-" + tag + "-0c", fresh = "/comm-unclaimed-new-" + tag + "-0c";
+  for (const std::string& name : {old_one, fresh}) {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, 4096) == 0);  // sized, header all zero: its creator died before its claim
+    if (name == old_one) {
+      timespec times[2];
+      clock_gettime(CLOCK_REALTIME, &times[0]);
+      times[0].tv_sec -= 120;
+      times[1] = times[0];
+      REQUIRE(futimens(fd, times) == 0);
+    }
+    close(fd);
+  }
+  comm::transport::shm::remove_orphans();  // the default bound: 60 s
+  CHECK(!exists(old_one));
+  CHECK(exists(fresh));
+  shm_unlink(old_one.c_str());
+  shm_unlink(fresh.c_str());
 }

@@ -16,6 +16,10 @@ namespace comm::transport::shm {
 
 constexpr uint64_t kControlMagic = 0x4c52544e43434d31ull;  // "1MCCNTRL"
 constexpr uint64_t kArenaMagic = 0x414e455241434d31ull;    // "1MCARENA"
+// The owner's claim, written by Segment::create before anything else happens to a new
+// segment, until its owner writes the real magic (last, once the header is complete): a rank
+// killed in between leaves a segment remove_orphans can still attribute.
+constexpr uint64_t kClaimMagic = 0x4d49414c43434d31ull;    // "1MCCLAIM"
 constexpr uint32_t kLayoutVersion = 1;
 constexpr size_t kLine = 128;
 constexpr size_t kPage = 4096;

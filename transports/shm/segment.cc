@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <utility>
 
 #include "shm/layout.h"
@@ -53,6 +54,10 @@ Status Segment::create(const std::string& name, size_t bytes, bool populate, Seg
   s.owner_linked_ = true;
   if (ftruncate(s.fd_, static_cast<off_t>(bytes)) != 0)
     return SystemError("ftruncate(" + name + ", " + std::to_string(bytes) + ") failed: " + errno_string(errno));
+  // Whose it is, first: from here on a kill leaves a segment remove_orphans can attribute.
+  const OwnerPrefix claim{kClaimMagic, kLayoutVersion, static_cast<int32_t>(getpid()), pid_namespace()};
+  if (bytes < sizeof claim || pwrite(s.fd_, &claim, sizeof claim, 0) != static_cast<ssize_t>(sizeof claim))
+    return SystemError("cannot write the owner of " + name + ": " + errno_string(errno) + " (is /dev/shm full?)");
   if (populate && fallocate(s.fd_, 0, 0, static_cast<off_t>(bytes)) != 0)
     return SystemError("cannot reserve " + std::to_string(bytes) + " bytes of shared memory for " + name + ": " +
                        errno_string(errno) + " (is /dev/shm full or too small?)");
@@ -106,8 +111,9 @@ uint64_t pid_namespace() {
   return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
-int remove_orphans() {
+int remove_orphans(std::chrono::seconds unclaimed_age) {
   const uint64_t my_ns = pid_namespace();
+  const time_t now = time(nullptr);
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr || my_ns == 0) {
     if (dir != nullptr) closedir(dir);
@@ -121,8 +127,15 @@ int remove_orphans() {
     if (fd < 0) continue;
     OwnerPrefix owner{};
     const bool read_all = pread(fd, &owner, sizeof owner, 0) == static_cast<ssize_t>(sizeof owner);
+    struct stat st {};
+    const bool aged = fstat(fd, &st) == 0 && now - st.st_mtime >= static_cast<time_t>(unclaimed_age.count());
     close(fd);
-    if (!read_all || (owner.magic != kControlMagic && owner.magic != kArenaMagic)) continue;
+    if (!read_all || (owner.magic != kControlMagic && owner.magic != kArenaMagic && owner.magic != kClaimMagic)) {
+      // No owner written: its creator died between shm_open and writing its claim (a few
+      // instructions), or this is not a libcomm segment at all; only an old one is removed.
+      if (aged && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+      continue;
+    }
     if (owner.pid_ns != my_ns || owner.pid <= 0) continue;
     if (kill(owner.pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
     if (shm_unlink(("/" + name).c_str()) == 0) ++removed;

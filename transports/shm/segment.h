@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -53,8 +54,10 @@ std::string segment_name(const std::string& secret, const std::string& comm_id, 
 uint64_t pid_namespace();
 
 // Unlinks libcomm segments in /dev/shm whose owner, in this pid namespace, is gone: a rank
-// killed between creating its segments and the barrier after which they are unlinked. Live
-// owners' segments and other namespaces' are left alone. Returns how many were removed.
-int remove_orphans();
+// killed between creating its segments and the barrier after which they are unlinked (the
+// owner is written first, by create()). Live owners' segments and other namespaces' are left
+// alone; a "comm-" segment with no owner at all is removed once unchanged for
+// `unclaimed_age`. Returns how many were removed.
+int remove_orphans(std::chrono::seconds unclaimed_age = std::chrono::seconds(60));
 
 }  // namespace comm::transport::shm

@@ -41,8 +41,10 @@ Status ShmTransport::create_own(const std::string& secret, const std::string& co
   const ControlGeometry& g = geometry_.control;
   COMM_RETURN_IF_ERROR(Segment::create(segment_name(secret, comm_id, rank(), 'c'), g.total(), true, &own_));
   char* base = own_.base();
-  std::memset(base, 0, g.total());  // touched once here; MAP_POPULATE already faulted it in
-  auto* h = new (base) ControlHeader();
+  // Touched once here (MAP_POPULATE already faulted it in), all but the owner's claim that
+  // create() wrote, which stays until the real magic replaces it.
+  std::memset(base + sizeof(OwnerPrefix), 0, g.total() - sizeof(OwnerPrefix));
+  auto* h = reinterpret_cast<ControlHeader*>(base);  // zeroed memory, as peers see it
   h->version = kLayoutVersion;
   h->pid = static_cast<int32_t>(getpid());
   h->pid_ns = pid_namespace();
