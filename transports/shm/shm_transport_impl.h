@@ -126,7 +126,8 @@ class ShmTransport final : public Transport, public LocalAccess {
   // Spins, then sleeps on this rank's doorbell, until step() says done. step(&done, &moved)
   // drives progress; slow(timed_out) runs between sleeps: deaths and disagreements of the
   // peers this wait involves, and (timed_out) the TIMEOUT naming them. Bounded by timeout_ms
-  // of no progress; ends at once on abort or a peer's reported failure.
+  // of no progress; ends at once on abort or a peer's reported failure. Every failure is kept
+  // (fail): the transport stays failed, as transport.h says.
   template <class Step, class Slow>
   Status await(Step&& step, Slow&& slow);
   Status usable();
@@ -225,7 +226,7 @@ Status ShmTransport::await(Step&& step, Slow&& slow) {
   int sleeps = 0;
   for (;;) {
     bool done = false, moved = false;
-    COMM_RETURN_IF_ERROR(step(&done, &moved));
+    if (Status st = step(&done, &moved); !st.ok()) return fail(st);
     if (done) return Status::Ok();
     if (moved) {
       last_move = Clock::now();
@@ -246,9 +247,9 @@ Status ShmTransport::await(Step&& step, Slow&& slow) {
       continue;
     }
 
-    COMM_RETURN_IF_ERROR(peer_errors());
+    if (Status st = peer_errors(); !st.ok()) return fail(st);
     const bool timed_out = now - last_move >= timeout;
-    COMM_RETURN_IF_ERROR(slow(timed_out));
+    if (Status st = slow(timed_out); !st.ok()) return fail(st);
     if (timed_out) return fail(Timeout(me() + ": no progress for " + std::to_string(options_.timeout_ms) + " ms"));
 
     // Sleep until a peer rings (it checks `sleeping` after each store we may wait for) or a
@@ -261,7 +262,7 @@ Status ShmTransport::await(Step&& step, Slow&& slow) {
     if (st.ok() && !done && !moved && !aborted_.load(std::memory_order_acquire))
       futex_wait(&my_lines_->doorbell.word, bell, std::min(kSliceNs, kFirstSliceNs << std::min(sleeps++, 20)));
     my_lines_->sleeping.value.store(0, std::memory_order_relaxed);
-    COMM_RETURN_IF_ERROR(st);
+    if (!st.ok()) return fail(st);
     if (done) return Status::Ok();
     if (moved) sleeps = 0;
     last_move = moved ? Clock::now() : last_move;
