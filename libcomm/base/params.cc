@@ -45,6 +45,10 @@ const std::vector<Param>& all() {
        "gradient engine: bucket size limit (bytes) when comm_engine_config_t.bucket_cap_bytes is unset", nullptr},
       {"COMM_ENGINE_FIRST_BUCKET_BYTES", Type::kInt, "1048576",
        "gradient engine: limit of the first bucket when comm_engine_config_t.first_bucket_bytes is unset", nullptr},
+      {"COMM_FLIGHT_RECORDER_FILE", Type::kString, "",
+       "write each communicator's flight recorder (its last 256 operations, JSON) here when it times out, fails "
+       "or is aborted; %h host, %p pid, %r rank; tools/comm-trace merges the ranks' files",
+       nullptr},
       {"COMM_TRACE_FILE", Type::kString, "",
        "gradient engine: write a Chrome/Perfetto trace (JSON) of steps and buckets here at comm_engine_destroy; "
        "%r becomes the rank",

@@ -139,7 +139,21 @@ COMM_API comm_status_t comm_abort(comm_t c) {
     if (!c->aborted.exchange(true)) {
       COMM_WARN(kInit, "comm %s rank %d: aborted by comm_abort", c->id.c_str(), c->rank);
       if (c->transport) c->transport->abort();
+      std::string written;
+      Status dumped = comm::dump_flight_recorder(c, "", &written);  // COMM_FLIGHT_RECORDER_FILE, when set
+      if (!dumped.ok()) COMM_WARN(kInit, "%s", dumped.message().c_str());
     }
+    return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_dump_flight_recorder(comm_t c, const char* path) {
+  return comm::guarded("comm_dump_flight_recorder", [&]() -> Status {
+    if (c == nullptr) return comm::InvalidArgument("comm_dump_flight_recorder: NULL communicator");
+    std::string written;
+    COMM_RETURN_IF_ERROR(comm::dump_flight_recorder(c, path != nullptr ? path : "", &written));
+    if (written.empty())
+      return comm::InvalidArgument("comm_dump_flight_recorder: no path: pass one, or set COMM_FLIGHT_RECORDER_FILE");
     return Status::Ok();
   });
 }

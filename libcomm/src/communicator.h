@@ -14,6 +14,7 @@
 #include "algorithms/algorithm.h"
 #include "algorithms/scratch.h"
 #include "comm/comm.h"
+#include "flight_recorder.h"
 #include "status.h"
 #include "store/store.h"
 #include "transport.h"
@@ -71,6 +72,7 @@ struct comm_s {
   uint64_t next_seq = 1;
   uint64_t children = 0;
   std::vector<uint64_t> send_seq, recv_seq;  // per peer, for send/recv matching
+  comm::FlightRecorder recorder;  // the last operations, written by the issuing thread
 
   // Failure state: aborted by comm_abort; broken after any error that involved peers.
   std::atomic<bool> aborted{false};

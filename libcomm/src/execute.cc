@@ -67,6 +67,11 @@ Status fail_communicator(comm_t c, Status st) {
     }
   }
   COMM_WARN(kColl, "%s", st.message().c_str());
+  if (first) {
+    std::string written;
+    Status dumped = dump_flight_recorder(c, "", &written);  // COMM_FLIGHT_RECORDER_FILE, when set
+    if (!dumped.ok()) COMM_WARN(kColl, "%s", dumped.message().c_str());
+  }
   return st;
 }
 
@@ -99,8 +104,15 @@ Status execute(comm_t c, const algo::CollArgs& args) {
     if (t->shm_chunk_bytes != 0) ctx.shm_chunk_bytes = t->shm_chunk_bytes;
     note_first_use(c, *t, bytes);
   }
-  Status st = algo::run_collective(ctx, args, overrides);
-  if (st.ok()) return st;
+  const size_t slot = c->recorder.begin(args.tag);
+  const char* algorithm = nullptr;
+  Status st = algo::run_collective(ctx, args, overrides, &algorithm);
+  c->recorder.set_algorithm(slot, algorithm);
+  if (st.ok()) {
+    c->recorder.end(slot, st, nullptr);
+    return st;
+  }
+  c->recorder.end(slot, st, &c->transport->wait_failure());
   return fail_communicator(c, st.prefixed(context(c, args)));
 }
 
@@ -135,7 +147,10 @@ Status execute_p2p_batch(comm_t c, const std::vector<algo::CollArgs>& calls) {
     if (!st.ok()) break;
     ids.push_back(id);
   }
+  const size_t slot = c->recorder.begin(calls.front().tag);
+  c->recorder.set_algorithm(slot, "p2p_group");
   if (st.ok() && !ids.empty()) st = c->transport->wait(ids.data(), ids.size());
+  c->recorder.end(slot, st, st.ok() ? nullptr : &c->transport->wait_failure());
   if (st.ok()) return st;
   return fail_communicator(c, st.prefixed(context(c, calls.front())));
 }

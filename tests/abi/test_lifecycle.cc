@@ -2,10 +2,14 @@
 // and init disagreement (every rank fails, naming the difference).
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <thread>
+#include <unistd.h>
 #include <vector>
+
+#include <stdlib.h>
 
 #include <catch2/catch.hpp>
 
@@ -70,6 +74,49 @@ TEST_CASE("comm_rank and comm_size report each rank's place", "[lifecycle]") {
     CHECK(q[r].rank == r);
     CHECK(q[r].size == 3);
   }
+}
+
+TEST_CASE("comm_dump_flight_recorder writes each rank's last operations as JSON, on demand, %r expanded",
+          "[lifecycle]") {
+  Ranks ranks = init_ranks(2, "flight-recorder", 20000);
+  REQUIRE(ranks.all_ok());
+  char dir_template[] = "/tmp/abi-flight-XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string pattern = dir + "/fr-%r.json";
+  auto st = on_ranks(2, [&](int r) {
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    std::vector<comm_status_t> out;
+    for (int i = 0; i < 3; ++i) out.push_back(allreduce_sum(c, r).status);
+    out.push_back(comm_barrier(c, nullptr));
+    out.push_back(comm_dump_flight_recorder(c, pattern.c_str()));
+    return out;
+  });
+  // No path and no COMM_FLIGHT_RECORDER_FILE (the test's environment has none): a clear error.
+  const comm_status_t none = comm_dump_flight_recorder(ranks.comms[0], nullptr);
+  const std::string none_message = last_error(ranks.comms[0]);
+  destroy_ranks(ranks.comms);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    for (comm_status_t s : st[r]) CHECK(s == COMM_OK);
+    const std::string path = dir + "/fr-" + std::to_string(r) + ".json";
+    FILE* f = std::fopen(path.c_str(), "r");
+    REQUIRE(f != nullptr);
+    std::string text(1 << 16, '\0');
+    text.resize(std::fread(text.data(), 1, text.size(), f));
+    std::fclose(f);
+    std::remove(path.c_str());
+    INFO(text);
+    CHECK(text.find("\"rank\": " + std::to_string(r) + ",") != std::string::npos);
+    size_t done = 0;
+    for (size_t at = text.find("\"collective\": \"allreduce\""); at != std::string::npos;
+         at = text.find("\"collective\": \"allreduce\"", at + 1))
+      done += text.compare(text.find("\"state\": ", at) + 9, 6, "\"done\"") == 0;
+    CHECK(done == 3);
+    CHECK(text.find("\"collective\": \"barrier\"") != std::string::npos);
+  }
+  rmdir(dir.c_str());
+  CHECK(none == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(icontains(none_message, "COMM_FLIGHT_RECORDER_FILE"));
 }
 
 TEST_CASE("comm_status_string names every status code, distinctly", "[lifecycle]") {

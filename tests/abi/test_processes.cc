@@ -126,6 +126,18 @@ bool wait_survivors_then_kill(std::vector<Proc>& procs, int victim, double deadl
   return ended;
 }
 
+// What a shell command printed (stdout and stderr).
+std::string command_output(const std::string& command) {
+  std::string out;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return "popen failed";
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
 // Every survivor failed, and its message names `victim` as the stalled rank and no other.
 void check_names_stalled(const std::vector<Proc>& procs, int victim) {
   for (int r = 0; r < static_cast<int>(procs.size()); ++r) {
@@ -181,7 +193,10 @@ TEST_CASE("processes: SIGSTOP of a rank during a 64 MiB ring allreduce of 4 rank
     const int port = free_port();
     INFO("COMM_TRANSPORT=" << k.transport << ", victim rank " << k.victim);
     auto procs = launch(dir, "kill", n, [&](int r) {
-      return torchrun_env(r, n, port, timeout_ms, {{"COMM_TRANSPORT", k.transport}, {"COMM_ALGO", "ring"}});
+      return torchrun_env(r, n, port, timeout_ms,
+                          {{"COMM_TRANSPORT", k.transport},
+                           {"COMM_ALGO", "ring"},
+                           {"COMM_FLIGHT_RECORDER_FILE", dir.file("flight-%r.json")}});
     });
     const double t0 = now_ms();
     bool in_third = false;
@@ -196,6 +211,22 @@ TEST_CASE("processes: SIGSTOP of a rank during a 64 MiB ring allreduce of 4 rank
     REQUIRE(in_third);
     CHECK(ended);
     check_names_stalled(procs, k.victim);
+    // Every survivor's flight recorder names it too, and comm-trace, merging them, says so.
+    std::string dumps;
+    for (int r = 0; r < n; ++r) {
+      if (r == k.victim) continue;
+      std::ifstream f(dir.file("flight-" + std::to_string(r) + ".json"));
+      std::stringstream text;
+      text << f.rdbuf();
+      INFO("rank " << r << "'s flight recorder: " << text.str());
+      CHECK(text.str().find("\"error\": \"rank " + std::to_string(k.victim) + " is stalled: ") != std::string::npos);
+      CHECK(text.str().find("\"state\": \"failed\"") != std::string::npos);
+      dumps += " " + dir.file("flight-" + std::to_string(r) + ".json");
+    }
+    const std::string trace = command_output(std::string("python3 ") + ABI_SOURCE_ROOT + "/tools/comm-trace/comm-trace" + dumps);
+    INFO("comm-trace:\n" << trace);
+    CHECK(trace.find("rank " + std::to_string(k.victim) + " wrote no dump and did not finish allreduce #") !=
+          std::string::npos);
   }
 }
 

@@ -100,6 +100,13 @@ COMM_API comm_status_t comm_split(comm_t comm, int color, int key, comm_t* out);
 /* Local, non-blocking, idempotent, any thread: every pending and future call on comm
  * ends with COMM_ERR_ABORTED. Frees nothing; call comm_destroy afterwards. */
 COMM_API comm_status_t comm_abort(comm_t comm);
+/* The flight recorder: comm's last 256 operations (sequence number, collective, dtype,
+ * count, algorithm, state, the peers a failed one waited on, start and end times) as JSON
+ * in path (%h host, %p pid, %r rank; NULL: COMM_FLIGHT_RECORDER_FILE). Any thread, e.g. from
+ * a framework's own signal handler thread (libcomm installs none). libcomm also writes it to
+ * COMM_FLIGHT_RECORDER_FILE, when set, on a communicator's first failure and on comm_abort.
+ * tools/comm-trace merges the ranks' files. */
+COMM_API comm_status_t comm_dump_flight_recorder(comm_t comm, const char* path);
 /* Graceful (bounded by the timeout), frees the handle; immediate after an abort. */
 COMM_API comm_status_t comm_destroy(comm_t comm);
 COMM_API comm_status_t comm_rank(comm_t comm, int* rank);

@@ -61,7 +61,8 @@ struct Overrides {
 Status select(const Context& ctx, const CollArgs& args, const Overrides& overrides, const Algorithm** out);
 
 // Runs the call with the selected algorithm (size==1 and count==0 handled by the algorithms).
-Status run_collective(Context& ctx, const CollArgs& args, const Overrides& overrides);
+// *chosen (when not null): the algorithm's name, for the flight recorder.
+Status run_collective(Context& ctx, const CollArgs& args, const Overrides& overrides, const char** chosen = nullptr);
 
 // The same with only a forced name (tests).
 inline Status select(const Context& ctx, const CollArgs& args, std::string_view forced, const Algorithm** out) {

@@ -223,9 +223,10 @@ Status select(const Context& ctx, const CollArgs& args, const Overrides& overrid
   return Status::Ok();
 }
 
-Status run_collective(Context& ctx, const CollArgs& args, const Overrides& overrides) {
+Status run_collective(Context& ctx, const CollArgs& args, const Overrides& overrides, const char** chosen) {
   const Algorithm* algo = nullptr;
   COMM_RETURN_IF_ERROR(select(ctx, args, overrides, &algo));
+  if (chosen != nullptr) *chosen = algo->name;
   COMM_TRACE(kAlg, "%s: %s", transport::describe(args.tag).c_str(), algo->name);
   return algo->run(ctx, args);
 }
