@@ -447,7 +447,7 @@ TEST_CASE("engine: a bucket's all-reduce runs while backward goes on, before end
     std::fclose(f);
     std::remove(path.c_str());
     CHECK(text.find("\"traceEvents\"") != std::string::npos);
-    CHECK(text.find("\"name\":\"bucket 5\"") != std::string::npos);
+    CHECK(text.find("\"name\":\"partition 5\"") != std::string::npos);
     CHECK(text.find("\"name\":\"step 2\"") != std::string::npos);
     CHECK(text.find("end() wait") != std::string::npos);
   }

@@ -45,6 +45,18 @@ const std::vector<Param>& all() {
        "gradient engine: bucket size limit (bytes) when comm_engine_config_t.bucket_cap_bytes is unset", nullptr},
       {"COMM_ENGINE_FIRST_BUCKET_BYTES", Type::kInt, "1048576",
        "gradient engine: limit of the first bucket when comm_engine_config_t.first_bucket_bytes is unset", nullptr},
+      {"COMM_ENGINE_PARTITION_BYTES", Type::kInt, "4194304",
+       "gradient engine: buckets go on the wire in partitions of up to this many bytes, highest priority first, "
+       "when comm_engine_config_t.partition_bytes is unset",
+       nullptr},
+      {"COMM_ENGINE_OVERLAP_FORWARD", Type::kInt, "0",
+       "gradient engine: 1 = comm_engine_end returns once every gradient is reported; comm_engine_wait(i) before "
+       "gradient i is read (when comm_engine_config_t.overlap_forward is unset)",
+       nullptr},
+      {"COMM_ENGINE_SCHEDULE", Type::kString, "priority",
+       "gradient engine: priority (partitions ready on every rank, highest priority first) or fifo (bucket order, "
+       "as torch's DDP; for comparison)",
+       nullptr},
       {"COMM_TRACE_FILE", Type::kString, "",
        "gradient engine: write a Chrome/Perfetto trace (JSON) of steps and buckets here at comm_engine_destroy; "
        "%r becomes the rank",
