@@ -89,6 +89,10 @@ const std::vector<Param>& all() {
       {"COMM_SHM_ARENA_BYTES", Type::kInt, "68719476736",
        "shared memory: address space each rank reserves (not allocates) for comm_mem_alloc buffers and staging",
        nullptr},
+      {"COMM_SOCKET_SPIN_US", Type::kInt, "0",
+       "sockets: microseconds a wait polls without blocking after each progress, before it sleeps in poll() "
+       "(0: never spin; spinning trades a trainer's CPU for wake-up latency)",
+       nullptr},
       {"COMM_SHM_SPIN_US", Type::kInt, "-1",
        "shared memory: microseconds a wait spins before it yields or sleeps on a futex (-1: 200 when local "
        "ranks <= cores; else 0, then sched_yield for up to 1 ms)",
