@@ -231,6 +231,9 @@ std::string run_engine_case(const Spec& s) {
             fails.add(who + "step " + std::to_string(step) + ": partitions went on the wire in a different order than on rank " +
                       std::to_string(r));
         if (nparts > 1 && st.rounds == 0) fails.add(who + "no readiness round was held");
+        // Rounds without news are not held (libcomm/src/engine/schedule.cc): ranks never spin in them.
+        if (st.rounds > 2 * static_cast<uint64_t>(st.num_partitions) + 2)
+          fails.add(who + std::to_string(st.rounds) + " rounds for " + std::to_string(st.num_partitions) + " partitions");
       }
       if (s.find_unused) {
         int nu = 0;

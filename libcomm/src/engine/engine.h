@@ -155,6 +155,7 @@ class Engine {
   int contributed_ = 0;       // partitions this rank said were ready in the last round
   bool mismatch_ = false;     // the last round agreed on fewer than this rank contributed
   bool just_rounded_ = false; // no partition ran since the last round
+  bool last_round_progress_ = false;  // the last round agreed on a partition not agreed before
   std::vector<uint8_t> round_buf_;
   uint64_t rounds_ = 0, sched_step_ = 0;  // sched_step_: the synced step being scheduled (1-based)
   double round_us_ = 0, forward_wait_us_ = 0, t_end_ = 0;

@@ -8,11 +8,14 @@
 // Everything that decides the sequence (agreed set, rounds held, partitions run) is the same on
 // every rank, so every rank issues the same collectives in the same order.
 //
-// When nothing agreed is left to run, a rank holds the next round only once it can move the
-// agreement on: it has a partition ready that it has not contributed yet, or the last round agreed
-// on less than it contributed (a peer lacked something, and that peer comes to the round as soon
-// as it has more ready). Every rank's gradients become ready by its end() (unreported ones are
-// settled there), so every rank comes to the rounds it is waited on in, and the step finishes.
+// When nothing agreed is left to run, a rank comes to the next round only once it can move the
+// agreement on: it has a partition ready that it has not contributed yet; or the last round
+// agreed on less than it contributed (a peer lacked something) and either that round agreed on
+// something new or this rank has everything ready (it can only wait for the others). A rank that
+// stays away has something not ready yet, and comes as soon as it has more: every rank's
+// gradients are ready by its end() (unreported ones are settled there), so the step finishes;
+// and a round without progress is followed only by one that some rank's new readiness starts, so
+// ranks never spin in empty rounds.
 //
 // FIFO (COMM_ENGINE_SCHEDULE=fifo, and device gradients): partitions in index order (bucket order)
 // as each becomes ready on this rank, as torch's DDP issues buckets; no rounds.
@@ -46,7 +49,9 @@ int Engine::next_move() {
     return best;
   }
   if (pending_agreed > 0) return kRound;  // every rank knows it: they all come
-  return (ready_parts_ > contributed_ || mismatch_) ? kRound : kIdle;
+  // Nothing agreed left to run: a round only when it can move the agreement on (see the top).
+  const bool grown = ready_parts_ > contributed_, complete = ready_parts_ == n;
+  return (grown || (mismatch_ && (last_round_progress_ || complete))) ? kRound : kIdle;
 }
 
 Status Engine::agree_round(std::unique_lock<std::mutex>& lock) {
@@ -74,6 +79,7 @@ Status Engine::agree_round(std::unique_lock<std::mutex>& lock) {
                          " (a peer that reported a different set of gradients, called begin with a different sync "
                          "flag or never called end leaves this round waiting)");
   int agreed = 0;
+  const int agreed_before = agreed_parts_;
   for (size_t k = 0; k < n; ++k) {
     if (round_buf_[k] == 0) continue;
     ++agreed;
@@ -82,6 +88,7 @@ Status Engine::agree_round(std::unique_lock<std::mutex>& lock) {
       ++agreed_parts_;
     }
   }
+  last_round_progress_ = agreed_parts_ > agreed_before;
   contributed_ = mine;
   mismatch_ = agreed < mine;
   just_rounded_ = true;

@@ -33,6 +33,7 @@ void Engine::mark_in_bucket(int p, double t_us) {
       pt.ready = true;
       pt.ready_us = t_us;
       ++ready_parts_;
+      cv_.notify_all();  // the comm thread may hold a round now
     }
   }
   const auto b = static_cast<size_t>(param_bucket_[static_cast<size_t>(p)]);
@@ -85,7 +86,7 @@ Status Engine::begin(bool sync) {
     pt.ready_us = pt.start_us = pt.done_us = 0;
   }
   done_parts_ = started_parts_ = ready_parts_ = agreed_parts_ = contributed_ = 0;
-  mismatch_ = just_rounded_ = false;
+  mismatch_ = just_rounded_ = last_round_progress_ = false;
   rounds_ = 0;
   round_us_ = forward_wait_us_ = 0;
   sched_step_ = steps_ + 1;
