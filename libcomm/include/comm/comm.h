@@ -166,10 +166,12 @@ COMM_API comm_status_t comm_test(comm_request_t req, int* done);
  *   comm_engine_begin(eng, sync);  ...backward: comm_engine_grad_ready(eng, i, grad_i) per
  *   gradient, from any thread, as each is produced...;  comm_engine_end(eng);  optimizer step.
  * Buckets are filled in reverse registration order (backward produces the last layer first), one
- * dtype per bucket, up to the bucket cap; a parameter is never split. A bucket's all-reduce starts
- * as soon as its last gradient is ready, on the engine's own duplicate of the communicator, and
- * buckets run in the same order on every rank. For host gradients, end() returns when every
- * gradient reported in this step holds the reduced value.
+ * dtype per bucket, up to the bucket cap; a parameter is never split across buckets. Buckets go on
+ * the wire in partitions (partition_bytes, which do split large parameters) on the engine's own
+ * duplicate of the communicator: among the partitions ready on every rank (agreed in small
+ * rounds), the one the next forward needs first runs next, in the same order on every rank. For
+ * host gradients, end() returns when every gradient reported in this step holds the reduced value
+ * (with overlap_forward: once every gradient is reported; comm_engine_wait per gradient).
  *
  * Errors: misuse found locally (an index out of range, grad_ready twice for one index in a step,
  * end() without begin(), begin() twice, register after finalize) fails that call and changes
