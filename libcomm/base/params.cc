@@ -37,6 +37,13 @@ const std::vector<Param>& all() {
       {"COMM_NCCL_LIBRARY", Type::kString, "", "NCCL library to dlopen instead of libnccl.so.2", nullptr},
       {"COMM_CUDA_LIBRARY", Type::kString, "",
        "CUDA runtime to dlopen instead of libcudart.so.13, .12, .11.0 (the first found)", nullptr},
+      {"COMM_UCX_LIBRARY", Type::kString, "",
+       "UCX's libucp to dlopen instead of libucp.so.0 (a path that does not load switches UCX off: sockets between "
+       "hosts)",
+       nullptr},
+      {"COMM_IBVERBS_LIBRARY", Type::kString, "",
+       "libibverbs to dlopen for the RDMA probe instead of libibverbs.so.1 (one that does not load: no RDMA ports)",
+       nullptr},
       {"COMM_AUTH_TOKEN", Type::kString, "", "peers without the same token are refused at rendezvous",
        nullptr},
       {"COMM_TUNING_FILE", Type::kString, "", "tuning profile (JSON) written by comm-tune", nullptr},

@@ -89,7 +89,7 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
       return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, nccl, " +
                              transport::names(false));
     if (!t->built())
-      return Unavailable("transport '" + s->transport + "' is not available in this build (" + t->not_built +
+      return Unavailable("transport '" + s->transport + "' is not available here (" + t->not_built() +
                          "); use COMM_TRANSPORT=auto, " + transport::names(true));
   }
   COMM_RETURN_IF_ERROR(params::get_string("COMM_ALGO", &s->forced_algo));

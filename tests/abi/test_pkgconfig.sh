@@ -60,6 +60,14 @@ soname=$(readelf -d "$so" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
 [ "$soname" = "libcomm.so.1" ] || fail "SONAME is '$soname', expected libcomm.so.1"
 echo "# SONAME $soname"
 
+# UCX and libibverbs are opened with dlopen when wanted, so libcomm.so.1 loads on hosts without
+# them (transports/ucx/ucx_library.cc, topology/probe_ibverbs.cc).
+needed=$(readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p' | tr '\n' ' ')
+echo "# NEEDED: $needed"
+for lib in libucp libucs libuct libucm libibverbs; do
+  case " $needed" in *" $lib"*) fail "libcomm.so.1 links $lib: it must be opened with dlopen";; esac
+done
+
 # nccl-tests' names (all_reduce_perf, ...) would shadow a real nccl-tests on PATH: installed only
 # with -Dperf_aliases=true (the build tree always has them).
 bench=$(find "$tmp" -path '*/bin/comm-bench' | head -n 1)
