@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 0
+#define COMM_ABI_VERSION_MINOR 1 /* 1: comm_get_version_string */
 
 typedef enum {
   COMM_OK = 0,
@@ -88,7 +88,11 @@ COMM_API const char* comm_status_string(comm_status_t s);
 COMM_API const char* comm_last_error(comm_t comm);
 /* The first error that ended a background operation, or COMM_OK. Any thread. */
 COMM_API comm_status_t comm_get_async_error(comm_t comm);
+/* The ABI version of the library loaded (COMM_ABI_VERSION_MAJOR/MINOR it was built with). */
 COMM_API comm_status_t comm_get_version(int* major, int* minor);
+/* The release and the git commit the library was built from, e.g. "1.0.0 (git 868ddb39b8cc)"
+ * ("-dirty" when built from modified sources). Static storage, never NULL. */
+COMM_API const char* comm_get_version_string(void);
 
 /* ---- lifecycle ---- */
 /* Collective over all ranks: fails on every rank, naming the difference, when the ranks
