@@ -145,13 +145,13 @@ Status Engine::grad_ready(int index, void* ptr) {
     return InvalidUsage(where(fn) + "gradient " + std::to_string(index) +
                         " reported twice in one step; the second call is ignored (report each gradient once, "
                         "when it is final)");
+  if (ptr == nullptr && !opt_.grad_view && params_[p].count > 0)
+    return InvalidArgument(where(fn) + "gradient " + std::to_string(index) +
+                           ": ptr is NULL (only gradient_as_bucket_view engines accept NULL for the view)");
   if (!sync_) {  // no_sync: the framework keeps accumulating; nothing moves
     state_[p] = ParamState::kReady;
     return Status::Ok();
   }
-  if (ptr == nullptr && !opt_.grad_view && params_[p].count > 0)
-    return InvalidArgument(where(fn) + "gradient " + std::to_string(index) +
-                           ": ptr is NULL (only gradient_as_bucket_view engines accept NULL for the view)");
   state_[p] = ParamState::kCopying;
   grad_ptr_[p] = ptr;
   if (learning_) observed_.push_back(index);
