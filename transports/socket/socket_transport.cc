@@ -24,6 +24,8 @@ SocketTransport::SocketTransport(Options options, int nconns, std::vector<MeshLi
   }
   pfds_.reserve(conns_.size() + 1);
   pfd_conn_.reserve(conns_.size() + 1);
+  int64_t spin_us = 0;
+  if (params::get_int("COMM_SOCKET_SPIN_US", 0, 1000000, &spin_us).ok()) spin_ = std::chrono::microseconds(spin_us);
 }
 
 void SocketTransport::abort() {
@@ -138,7 +140,7 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
     seal_wait_failure(st);
     return fail(st);
   };
-  ProgressClock clock(options_.timeout_ms, kSpin);
+  ProgressClock clock(options_.timeout_ms, spin_);
   for (;;) {
     bool all_done = true, some_done = false;
     for (size_t i = 0; i < n; ++i) {
