@@ -22,8 +22,12 @@ namespace {
 
 using Awaited = transport::Transport::Awaited;
 
-constexpr int kMaxGraceMs = 5000;  // the ranks of one hang time out within about this of each other
-constexpr int kSliceMs = 250;      // a store read at a time, so that comm_abort ends the walk
+// How long a rank is given to publish its wait. Live ranks on the chain are in a wait, which
+// the first rank's report ends within milliseconds (a socket's ERROR frame, shared memory's
+// doorbell), so this bounds the extra time a hang costs more than it waits for them.
+constexpr int kMinGraceMs = 250;
+constexpr int kMaxGraceMs = 2000;
+constexpr int kSliceMs = 100;  // a store read at a time, so that comm_abort ends the walk
 
 std::string key_of(int rank) { return "waits/" + std::to_string(rank); }
 
@@ -91,7 +95,7 @@ Status trace_hang(comm_t c, const Status& failure) {
   if (!c->transport || !c->job_store || c->size < 3) return failure;  // two ranks: the peer is the answer
   const transport::Transport::WaitFailure& wf = c->transport->wait_failure();
   if (!wf.hang) return failure;
-  const int grace_ms = std::min(c->settings.timeout_ms, kMaxGraceMs);
+  const int grace_ms = std::clamp(c->settings.timeout_ms / 4, kMinGraceMs, kMaxGraceMs);
   const Clock::time_point grace_end = Clock::now() + std::chrono::milliseconds(grace_ms);
   std::shared_ptr<Store> store = make_prefix_store(c->job_store, "comm/" + c->id + "/hang");
   const std::string saw = ". What rank " + std::to_string(c->rank) + " saw: " + failure.message();

@@ -9,7 +9,7 @@ namespace comm {
 // rank waited on, which may itself be waiting on the rank that stalls. Each rank that fails
 // this way publishes in the job store what it waited on (peers and calls), then follows the
 // others' entries from its own peers to the ranks that published nothing within a grace
-// (min(COMM_TIMEOUT_MS, 5 s)): stopped, hung outside libcomm, or not calling the operation.
+// (COMM_TIMEOUT_MS / 4, within 0.25-2 s): stopped, hung outside libcomm, or not calling the operation.
 // Returns the failure with the verdict in front ("rank 3 is stalled: rank 1 waited on rank 0,
 // rank 0 waited on rank 3; ..."), or unchanged when the transport saw no hang.
 // Call on the thread that drove the failed wait, before the communicator is marked broken
