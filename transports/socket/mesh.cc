@@ -131,7 +131,7 @@ Status Mesh::read_table() {
 
 Status Mesh::connect_all(std::vector<MeshLink>* done) {
   // The higher rank dials (the rule that wins anyway): nobody's dial is answered kYield.
-  for (int peer = 0; peer < c_.rank; ++peer) want(peer);
+  for (int peer = 0; peer < c_.rank; ++peer) want(peer, c_.nconns);
   const size_t expected = static_cast<size_t>(c_.size - 1) * static_cast<size_t>(c_.nconns);
   Deadline deadline = Deadline::after_ms(c_.timeout_ms);
   std::vector<pollfd> pfds;
@@ -172,9 +172,9 @@ Status Mesh::connect_all(std::vector<MeshLink>* done) {
   return Status::Ok();
 }
 
-void Mesh::want(int peer) {
+void Mesh::want(int peer, int count) {
   if (peer < 0 || peer >= c_.size || peer == c_.rank) return;
-  for (int index = 0; index < c_.nconns; ++index) {
+  for (int index = 0; index < std::min(count, c_.nconns); ++index) {
     if (linked_[slot(peer, index)] != kNotLinked) continue;  // up, or the peer dials it
     bool under_way = false;
     for (const auto& o : outgoing_)
@@ -287,7 +287,8 @@ Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
     }
     ssize_t n = ::recv(in.fd.get(), dst, want - in.got, MSG_DONTWAIT);
     if (n == 0) {
-      drop(in, "closed the connection before completing the handshake");
+      // Quiet: a dial that lost to the peer's own (see validate) ends this way.
+      drop(in, "closed the connection before completing the handshake", true);
       return Status::Ok();
     }
     if (n < 0) {

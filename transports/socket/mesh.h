@@ -62,8 +62,9 @@ class Mesh {
   // Eager mode: every connection of this rank, before returning (bounded by the timeout).
   Status connect_all(std::vector<MeshLink>* done);
 
-  // Starts dialing every connection to peer that is neither up nor under way; no-op otherwise.
-  void want(int peer);
+  // Starts dialing connections 0..count-1 to peer that are neither up nor under way. A small
+  // message needs connection 0 only; a striped one all: latency-only peers cost one descriptor.
+  void want(int peer, int count);
   // Appends the listener, handshakes and dials to poll; lowers *wake to the next retry.
   void add_polls(std::vector<pollfd>* pfds, Clock::time_point* wake);
   // Handles the revents of the n entries add_polls appended (at pfds); finished connections go

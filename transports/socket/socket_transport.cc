@@ -101,9 +101,9 @@ Status SocketTransport::post(bool is_send, int peer, const OpTag& tag, char* buf
     p.finished = false;
   }
 
-  // First use of this peer: its connections are dialed now and made by progress; parts queue
-  // on them meanwhile.
-  if (!conn(peer, 0).fd.valid() && mesh_) mesh_->want(peer);
+  // First use of this peer (or of a connection only striped messages use): dialed now, made by
+  // progress; parts queue on them meanwhile.
+  if (mesh_ && !conn(peer, n - 1).fd.valid()) mesh_->want(peer, n);
   for (int k = 0; k < n; ++k) {
     PartLink link = index * kMaxConns + static_cast<uint32_t>(k);
     Connection& c = conn(peer, k);
