@@ -30,6 +30,30 @@ static int open_fds(void) {
 }
 
 
+/* Established TCP connections whose local port is MASTER_PORT: rank 0's store clients, seen
+ * from the server side (the kernel's table of this network namespace). -1 when unknown. */
+static int store_connections(void) {
+  const char* port_text = getenv("MASTER_PORT");
+  if (port_text == NULL) return -1;
+  unsigned port = (unsigned)atoi(port_text);
+  int n = 0;
+  const char* tables[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+  for (int t = 0; t < 2; ++t) {
+    FILE* f = fopen(tables[t], "r");
+    if (f == NULL) continue;
+    char line[512];
+    while (fgets(line, sizeof line, f) != NULL) {
+      char local[128];
+      unsigned state = 0;
+      if (sscanf(line, " %*d: %127s %*s %x", local, &state) != 2) continue;
+      const char* colon = strrchr(local, ':');
+      if (colon != NULL && strtoul(colon + 1, NULL, 16) == port && state == 1) ++n;
+    }
+    fclose(f);
+  }
+  return n;
+}
+
 /* INIT_SCALE_LIST_FDS=R: rank R lists what its descriptors are (for reading the table's fds). */
 static void list_fds(int rank) {
   const char* want = getenv("INIT_SCALE_LIST_FDS");
@@ -64,6 +88,7 @@ int main(int argc, char** argv) {
   int rank, size;
   comm_rank(comm, &rank);
   comm_size(comm, &size);
+  int store_init = rank == 0 ? store_connections() : -1;
 
   double t = now_s();
   if ((st = comm_barrier(comm, NULL)) != COMM_OK) return fail(comm, "barrier", st);
@@ -102,12 +127,14 @@ int main(int argc, char** argv) {
   }
   free(big);
   int fds_end = open_fds();
+  int store_end = rank == 0 ? store_connections() : -1;
   list_fds(rank);
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   printf("INIT_SCALE rank=%d size=%d init_s=%.4f barrier_s=%.4f first8_s=%.5f later8_s=%.6f big_s=%.4f "
-         "fds_init=%d fds_end=%d rss_kb=%ld\n",
-         rank, size, t_init, t_barrier, t_first, t_later, t_big, fds_init, fds_end, ru.ru_maxrss);
+         "fds_init=%d fds_end=%d rss_kb=%ld store_init=%d store_end=%d\n",
+         rank, size, t_init, t_barrier, t_first, t_later, t_big, fds_init, fds_end, ru.ru_maxrss, store_init,
+         store_end);
   fflush(stdout);
   if ((st = comm_barrier(comm, NULL)) != COMM_OK) return fail(comm, "last barrier", st);
   comm_destroy(comm);
