@@ -32,17 +32,19 @@ most=$(sed -n 's/.*fds_end=\([0-9]*\).*/\1/p' "$TMP/fits.txt" | sort -n | tail -
 [[ -n $most && $most -le 32 ]] && pass "at most $most descriptors per rank after the all-reduces" ||
   fail "a rank holds ${most:-?} descriptors after the all-reduces (expected <= 32)"
 
-# 2. Cannot fit: rank 0 under 16 descriptors. The job ends well before COMM_TIMEOUT_MS,
-#    and the output says what ran out (rank 0's own message, or its peers').
+# 2. Cannot fit: rank 3 under 8 descriptors (a rank here needs 12). The job ends well before
+#    COMM_TIMEOUT_MS, and the output says what ran out and where (rank 3's own message, or its
+#    peers' "rank 3 reported: ...").
 start=$(date +%s)
 COMM_TIMEOUT_MS=120000 "$RUN" -n 16 --bind none --timeout-s 100 -- \
-  sh -c "if [ \"\$RANK\" = 0 ]; then ulimit -n 16; fi && exec \"$DRIVER\" 1" >"$TMP/short.txt" 2>&1
+  sh -c "if [ \"\$RANK\" = 3 ]; then ulimit -n 8; fi && exec \"$DRIVER\" 1" >"$TMP/short.txt" 2>&1
 rc=$?
 took=$(($(date +%s) - start))
 if [[ $rc != 0 && $took -lt 60 ]]; then pass "too small a limit fails in ${took} s (rc $rc)"; else
   fail "too small a limit: rc $rc after ${took} s (expected a failure well within the 120 s timeout)"; fi
-grep -q 'ran out of file descriptors (ulimit -n 16)' "$TMP/short.txt" && pass "the failure names the cause" || {
-  fail "no 'ran out of file descriptors (ulimit -n 16)' in the output"
+grep -q 'rank 3: socket transport ran out of file descriptors (ulimit -n 8)' "$TMP/short.txt" &&
+  pass "the failure names the rank and the cause" || {
+  fail "no 'rank 3: socket transport ran out of file descriptors (ulimit -n 8)' in the output"
   tail -5 "$TMP/short.txt"
 }
 exit $((failures > 0))

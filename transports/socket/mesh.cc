@@ -90,7 +90,9 @@ Status Mesh::read_table() {
     std::string missing, table = listen_text_;
     for (int peer = 1; peer < c_.size; ++peer) {
       std::string text;
-      Status st = c_.store->get("addr/" + std::to_string(peer), &text, missing.empty() ? deadline : Deadline::after_ms(0));
+      // Past the deadline the rest are only looked at, so the message lists every missing rank.
+      Deadline until = missing.empty() ? deadline : Deadline::after_ms(0);
+      Status st = c_.store->get("addr/" + std::to_string(peer), &text, until);
       if (!st.ok()) {
         missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
         continue;
@@ -256,7 +258,8 @@ Status Mesh::accept_all() {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (posix::out_of_fds(errno)) {
-        fatal_ = SystemError(me() + ": socket transport " + posix::out_of_fds_text(errno, "accepting a peer's connection"));
+        fatal_ = SystemError(me() + ": socket transport " +
+                             posix::out_of_fds_text(errno, "accepting a peer's connection"));
         return fatal_;
       }
       if (errno != EAGAIN && errno != EWOULDBLOCK)

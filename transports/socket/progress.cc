@@ -285,7 +285,8 @@ void SocketTransport::notify_peers(const Status& failure) {
     mesh_->add_polls(&pfds_, &wake);
     new_links_.clear();
     failures_.clear();
-    if (::poll(pfds_.data(), pfds_.size(), 0) > 0 && mesh_->on_poll(pfds_.data(), pfds_.size(), &new_links_, &failures_).ok()) {
+    if (::poll(pfds_.data(), pfds_.size(), 0) > 0 &&
+        mesh_->on_poll(pfds_.data(), pfds_.size(), &new_links_, &failures_).ok()) {
       pfds_.clear();
       mesh_->add_polls(&pfds_, &wake);  // the handshakes just accepted
       if (::poll(pfds_.data(), pfds_.size(), 10) > 0)

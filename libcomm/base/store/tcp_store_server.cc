@@ -226,9 +226,11 @@ class Server final : public Store {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         if (posix::out_of_fds(errno) && shed()) continue;
         // Out of descriptors or memory: pause accepting instead of spinning on a readable socket.
+        const std::string why = posix::out_of_fds(errno)
+                                    ? "rank 0 " + posix::out_of_fds_text(errno, "accepting a rank's store connection")
+                                    : errno_string(errno);
         COMM_WARN(kStore, "store server %s: accept failed: %s; pausing new connections for 100 ms", where_.c_str(),
-                  posix::out_of_fds(errno) ? ("rank 0 " + posix::out_of_fds_text(errno, "accepting a rank's store connection")).c_str()
-                                           : errno_string(errno).c_str());
+                  why.c_str());
         accept_resume_ = Clock::now() + std::chrono::milliseconds(100);
         return;
       }
