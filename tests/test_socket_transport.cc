@@ -453,3 +453,28 @@ TEST_CASE("eager: COMM_SOCKET_EAGER=1 connects every pair at setup", "[socket][e
   CHECK(create_socket_transport(options_for(0, 2, memory_store(unique_store_name())), &t).code() ==
         COMM_ERR_INVALID_ARGUMENT);
 }
+
+TEST_CASE("a rank that cannot listen fails every rank at setup, named, not at the timeout", "[socket][lazy]") {
+  auto store = memory_store(unique_store_name());
+  const int n = 3;
+  std::vector<Status> status(n);
+  std::vector<std::unique_ptr<Transport>> t(n);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      Options o = options_for(r, n, store);
+      if (r == 1) o.listen = {"192.0.2.256", AF_INET, "a test's unusable address"};
+      status[static_cast<size_t>(r)] = create_socket_transport(o, &t[static_cast<size_t>(r)]);
+    });
+  for (auto& th : threads) th.join();
+  CHECK(seconds_since(start) < 5.0);  // the timeout is 20 s
+  for (int r : {0, 2}) {
+    INFO("rank " << r << ": " << status[static_cast<size_t>(r)].message());
+    CHECK(status[static_cast<size_t>(r)].code() == COMM_ERR_SYSTEM);
+    const std::string& text = status[static_cast<size_t>(r)].message();
+    CHECK_THAT(text, Catch::Contains("rank 1 could not set up its socket transport"));
+    CHECK_THAT(text, Catch::Contains("192.0.2.256"));
+  }
+  CHECK(!status[1].ok());
+}
