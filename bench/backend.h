@@ -22,6 +22,7 @@ class Backend {
   virtual int rank() const = 0;
   virtual int nranks() const = 0;
   virtual std::string library() const = 0;    // "libcomm", "gloo", "mpi"
+  virtual std::string version() const { return ""; }  // the library's release and commit, when it says
   virtual std::string transport() const = 0;  // what carries the bytes, as far as the library says
   virtual std::string algorithm() const = 0;  // what the library runs (or "auto (...)")
   // "" when this call can run, else why not (unsupported dtype, op, collective).

@@ -14,12 +14,18 @@ const comm::dl::CudaLibrary& cuda() {
 }  // namespace
 
 DeviceStream::~DeviceStream() {
-  if (stream_) (void)cuda().cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (stream_ && owned_) (void)cuda().cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-std::string DeviceStream::open() {
+std::string DeviceStream::open(bool default_stream) {
   const auto& c = cuda();
-  if (!c.usable()) return "-G 1 needs CUDA: " + c.why_not;
+  if (!c.usable()) return "--device 1 needs CUDA: " + c.why_not;
+  if (default_stream) {  // -y 1; NULL would mean host buffers to libcomm, so the legacy stream's handle
+    stream_ = cudaStreamLegacy;
+    open_ = true;
+    return "";
+  }
+  owned_ = true;
   cudaStream_t s = nullptr;
   if (cudaError_t e = c.cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess)
     return "cudaStreamCreate failed: " + c.error_text(e);
@@ -58,7 +64,7 @@ bool DeviceStream::sync(std::string* error) {
 #else
 namespace bench {
 DeviceStream::~DeviceStream() = default;
-std::string DeviceStream::open() { return "-G 1: comm-bench was built without the CUDA/NCCL headers"; }
+std::string DeviceStream::open(bool) { return "--device 1: comm-bench was built without the CUDA/NCCL headers"; }
 void* DeviceStream::alloc(size_t, std::string*) { return nullptr; }
 void DeviceStream::release(void*) {}
 bool DeviceStream::copy(void*, const void*, size_t, std::string*) { return false; }

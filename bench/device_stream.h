@@ -1,4 +1,4 @@
-// comm-bench -G 1: CUDA managed buffers (the engine fills and checks them from the host; the
+// comm-bench --device 1: CUDA managed buffers (the engine fills and checks them from the host; the
 // GPU migrates them on first use) and one CUDA stream, through the CUDA runtime libcomm itself
 // opens with dlopen. Without the CUDA headers at build time, open() says so.
 #pragma once
@@ -11,7 +11,8 @@ namespace bench {
 class DeviceStream {
  public:
   ~DeviceStream();
-  std::string open();  // "" on success, else why not
+  // "" on success, else why not. default_stream (-y 1): the legacy default stream, not a new one.
+  std::string open(bool default_stream = false);
   void* stream() const { return stream_; }
   void* alloc(size_t bytes, std::string* error);
   void release(void* p);
@@ -21,6 +22,7 @@ class DeviceStream {
  private:
   void* stream_ = nullptr;
   bool open_ = false;
+  bool owned_ = false;  // created by open(), so destroyed here
 };
 
 }  // namespace bench

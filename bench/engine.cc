@@ -3,6 +3,7 @@
 #include "engine.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <set>
 #include <string>
 #include <vector>
@@ -108,6 +110,37 @@ Corruption corruption_from_env() {
   return c;
 }
 
+// "  2026-12-02 02:40:11": nccl-tests' -S column (local time, right-aligned in 21).
+std::string timestamp_now() {
+  char text[64] = "";
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof out, "%21s", text);
+  return out;
+}
+
+// Every COMM_* and NCCL_* variable set, for the JSON record; secrets are named, not shown.
+std::vector<std::pair<std::string, std::string>> environment_set() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("COMM_", 0) != 0 && entry.rfind("NCCL_", 0) != 0) continue;
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    std::string name = entry.substr(0, eq);
+    std::string value = entry.substr(eq + 1);
+    if (name.find("TOKEN") != std::string::npos || name.find("SECRET") != std::string::npos ||
+        name.find("PASSWORD") != std::string::npos)
+      value = "(set, not recorded)";
+    out.emplace_back(std::move(name), std::move(value));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 class Engine {
  public:
   Engine(const Options& opt, const char* prog, Backend& b) : opt_(opt), prog_(prog), b_(b) {}
@@ -129,6 +162,9 @@ class Engine {
   bool print_header();
   bool warm_up();
   bool measure(const DtypeInfo& d, comm_op_t op, size_t size, bool in_place, uint64_t* seed, Measure* m);
+  bool reduce_time(double local, double* seconds);
+  bool check_output_paths();
+  void memory_report();
   Call call_for(const DtypeInfo& d, comm_op_t op, const Counts& k, bool in_place) const;
   void progress(size_t done, size_t total, double last_row_s, size_t last_size, size_t remaining_bytes_units);
 
@@ -170,6 +206,37 @@ bool Engine::allocate() {
   return true;
 }
 
+// --json/--csv/-J checked before anything runs: a sweep of minutes whose results cannot be
+// written is lost. Rank 0 writes them, so rank 0 checks and every rank learns the verdict.
+bool Engine::check_output_paths() {
+  std::string why;
+  if (rank_ == 0) {
+    for (const auto& [flag, path] : {std::pair<std::string, std::string>{"--json", opt_.json_path},
+                                     {"--csv", opt_.csv_path}}) {
+      if (!path.empty() && why.empty()) why = check_writable(flag, path);
+    }
+  }
+  double bad = 0;
+  if (!b_.reduce_value(why.empty() ? 0.0 : 1.0, COMM_SUM, &bad)) return fail("sharing the output check");
+  if (bad == 0) return true;
+  if (rank_ == 0) std::fprintf(stderr, "# %s: %s\n", prog_, why.c_str());
+  (void)b_.finish();
+  return false;
+}
+
+// -M 1: what the buffers take and the largest resident set over ranks (host memory; nccl-tests
+// reports device memory, which a host-buffer run does not use).
+void Engine::memory_report() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  double peak = static_cast<double>(ru.ru_maxrss) * 1024.0, max_peak = 0;
+  if (!b_.reduce_value(peak, COMM_MAX, &max_peak)) return;
+  if (rank_ == 0)
+    std::printf("# Memory: buffers %zu bytes per rank (send %zu + receive %zu), peak resident %.1f MiB (max over "
+                "ranks)\n#\n",
+                send_bytes_ + recv_bytes_, send_bytes_, recv_bytes_, max_peak / (1024.0 * 1024.0));
+}
+
 bool Engine::print_header() {
   constexpr size_t kLine = 160;
   char host[64] = "?";
@@ -191,17 +258,26 @@ bool Engine::print_header() {
   }
   std::printf("# %s %s: %s, %d ranks on %zu host%s\n", b_.library().c_str(), prog_, opt_.coll->name, nranks_,
               hosts.size(), hosts.size() == 1 ? "" : "s");
-  std::printf("# nThread 1 nGpus 0 minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: 1 "
-              "validation: %d graph: 0\n",
-              opt_.min_bytes, opt_.max_bytes, opt_.step_factor > 1 ? opt_.step_factor : opt_.step_bytes,
-              opt_.step_factor > 1 ? "factor" : "bytes", opt_.warmup_iters, opt_.iters, opt_.check);
+  // nccl-tests' line, field for field: nGpus counts devices this rank drives, graph the -G launches.
+  std::printf("# nThread 1 nGpus %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d agg iters: %d "
+              "validation: %d graph: %d\n",
+              opt_.device ? 1 : 0, opt_.min_bytes, opt_.max_bytes,
+              opt_.step_factor > 1 ? opt_.step_factor : opt_.step_bytes, opt_.step_factor > 1 ? "factor" : "bytes",
+              opt_.warmup_iters, opt_.iters, opt_.agg_iters, opt_.check, opt_.graph_launches);
+  if (opt_.blocking) std::printf("# Blocking Enabled: wait for completion and barrier after each collective \n");
+  if (const std::string v = b_.version(); !v.empty()) std::printf("# version: %s %s\n", b_.library().c_str(), v.c_str());
   std::printf("# transport: %s\n", b_.transport().c_str());
   std::printf("# algorithm: %s\n", b_.algorithm().c_str());
   static const char* kAverage[] = {"rank 0's", "mean over ranks", "min over ranks", "max over ranks"};
-  std::printf("# buffers: %s, touched before timing; calls: %s; time: mean of %d iterations after %d warm-up, %s\n",
-              opt_.registered ? "library-allocated (-R 1)" : "host memory (malloc)",
-              opt_.blocking ? "blocking (-z 1)" : "issued together, then waited (-z 0)", opt_.iters,
-              opt_.warmup_iters, kAverage[static_cast<int>(opt_.average)]);
+  const char* buffers = opt_.device       ? (opt_.stream_null ? "device (--device 1: CUDA managed memory, the default stream, -y 1)"
+                                                                : "device (--device 1: CUDA managed memory, one stream)")
+                        : opt_.registered ? "library-allocated (-R 1)"
+                                          : "host memory (malloc)";
+  std::printf("# buffers: %s, touched before timing; calls: %s; %s: mean of %d iterations x %d calls after %d warm-up, "
+              "%s\n",
+              buffers, opt_.blocking ? "blocking (-z 1)" : "issued together, then waited (-z 0)",
+              opt_.cputime ? "cputime (-C 1: issuing the calls, not completing them)" : "time", opt_.iters,
+              opt_.agg_iters, opt_.warmup_iters, kAverage[static_cast<int>(opt_.average)]);
   std::printf("#\n# Using devices\n");
   for (int r = 0; r < nranks_; ++r) {
     const char* line = all.data() + static_cast<size_t>(r) * kLine;
@@ -210,8 +286,9 @@ bool Engine::print_header() {
   std::printf("#\n");
   std::printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "",
               "", "", "");
+  const char* time_title = opt_.cputime ? "cputime" : "time";  // -C 1, as nccl-tests names it
   std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "size", "count", "type", "redop",
-              "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+              "root", time_title, "algbw", "busbw", "#wrong", time_title, "algbw", "busbw", "#wrong");
   std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s\n", "(B)", "(elements)", "", "", "",
               "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
   return true;
@@ -249,36 +326,45 @@ bool Engine::warm_up() {
   return b_.barrier() || fail("barrier");
 }
 
+// One rank's seconds per call, reduced over ranks by -a.
+bool Engine::reduce_time(double local, double* seconds) {
+  switch (opt_.average) {
+    case Average::kRank0:
+      if (!b_.reduce_value(rank_ == 0 ? local : 0.0, COMM_SUM, seconds)) return fail("reducing the time");
+      break;
+    case Average::kMean:
+      if (!b_.reduce_value(local, COMM_SUM, seconds)) return fail("reducing the time");
+      *seconds /= nranks_;
+      break;
+    case Average::kMin:
+      if (!b_.reduce_value(local, COMM_MIN, seconds)) return fail("reducing the time");
+      break;
+    case Average::kMax:
+      if (!b_.reduce_value(local, COMM_MAX, seconds)) return fail("reducing the time");
+      break;
+  }
+  return true;
+}
+
 bool Engine::measure(const DtypeInfo& d, comm_op_t op, size_t size, bool in_place, uint64_t* seed, Measure* m) {
   const Counts k = opt_.coll->counts(size / d.bytes, nranks_);
   const Call c = call_for(d, op, k, in_place);
 
   if (!b_.barrier()) return fail("barrier");
   const auto t0 = Clock::now();
+  const int calls = opt_.iters * opt_.agg_iters;  // -m: each iteration issues agg_iters calls together
   if (!opt_.blocking && !b_.begin_batch()) return fail("begin_batch");
-  for (int i = 0; i < opt_.iters; ++i)
+  for (int i = 0; i < calls; ++i)
     if (!opt_.coll->run(b_, c)) return fail(opt_.coll->name);
+  const auto issued = Clock::now();  // -C 1 reports this: the calls issued, not yet complete (as nccl-tests)
   if (!opt_.blocking && !b_.end_batch()) return fail(opt_.coll->name);
-  const double local = std::chrono::duration<double>(Clock::now() - t0).count() / opt_.iters;
+  const auto done = Clock::now();
+  double seconds = 0;  // to complete the calls: the bandwidths, and the time column
+  if (!reduce_time(std::chrono::duration<double>(done - t0).count() / calls, &seconds)) return false;
+  double shown = seconds;  // -C 1: the time column is the time to issue them; the bandwidths stay
+  if (opt_.cputime && !reduce_time(std::chrono::duration<double>(issued - t0).count() / calls, &shown)) return false;
 
-  double seconds = 0;
-  switch (opt_.average) {
-    case Average::kRank0:
-      if (!b_.reduce_value(rank_ == 0 ? local : 0.0, COMM_SUM, &seconds)) return fail("reducing the time");
-      break;
-    case Average::kMean:
-      if (!b_.reduce_value(local, COMM_SUM, &seconds)) return fail("reducing the time");
-      seconds /= nranks_;
-      break;
-    case Average::kMin:
-      if (!b_.reduce_value(local, COMM_MIN, &seconds)) return fail("reducing the time");
-      break;
-    case Average::kMax:
-      if (!b_.reduce_value(local, COMM_MAX, &seconds)) return fail("reducing the time");
-      break;
-  }
-
-  m->time_us = seconds * 1e6;
+  m->time_us = shown * 1e6;
   const double bytes = static_cast<double>(k.param * d.bytes) * (opt_.coll->algbw_per_rank ? nranks_ : 1);
   m->algbw = seconds > 0 ? bytes / 1e9 / seconds : 0;
   m->busbw = m->algbw * opt_.coll->busbw_factor(nranks_);
@@ -328,10 +414,16 @@ int Engine::run() {
     if (rank_ == 0) std::fprintf(stderr, "# %s: root %d is not a rank (0..%d)\n", prog_, opt_.root, nranks_ - 1);
     return 2;
   }
+  if (!check_output_paths()) return 2;
   if (!allocate() || !print_header() || !warm_up()) return 1;
 
   Run run;
   run.library = b_.library();
+  run.version = b_.version();
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  run.host = host;
+  run.environment = environment_set();
   run.collective = opt_.coll->name;
   run.transport = b_.transport();
   run.algorithm = b_.algorithm();
@@ -340,49 +432,54 @@ int Engine::run() {
 
   const std::vector<size_t> sizes = sizes_of(opt_);
   const std::vector<comm_op_t> ops = opt_.coll->reduces ? opt_.ops : std::vector<comm_op_t>{COMM_SUM};
-  const size_t total = opt_.dtypes.size() * ops.size() * sizes.size();
+  // -N 0 runs until interrupted: no total, so no progress estimate.
+  const size_t total = opt_.run_cycles == 0 ? 0 : opt_.dtypes.size() * ops.size() * sizes.size() * opt_.run_cycles;
   size_t done = 0;
   double bw_sum = 0;
   int bw_count = 0;
   uint64_t seed = 0;
-  for (comm_dtype_t dt : opt_.dtypes) {
-    const DtypeInfo& d = dtype_info(dt);
-    for (comm_op_t op : ops) {
-      for (size_t si = 0; si < sizes.size(); ++si) {
-        const auto row_start = Clock::now();
-        const Counts k = opt_.coll->counts(sizes[si] / d.bytes, nranks_);
-        Row row;
-        row.size = std::max(k.send, k.recv) * d.bytes;
-        row.count = k.param;
-        row.type = d.name;
-        row.redop = opt_.coll->reduces ? op_name(op) : "none";
-        row.root = opt_.coll->rooted ? opt_.root : -1;
-        if (!measure(d, op, sizes[si], false, &seed, &row.out_of_place) ||
-            !measure(d, op, sizes[si], true, &seed, &row.in_place))
-          return 1;
-        if (row.out_of_place.wrong > 0 || row.in_place.wrong > 0) ++run.out_of_bounds;
-        for (const Measure* m : {&row.out_of_place, &row.in_place}) {
-          bw_sum += m->busbw;
-          ++bw_count;
-        }
-        if (rank_ == 0) {
-          std::string line(512, '\0');
-          int len = std::snprintf(line.data(), line.size(), "%12zu  %12zu  %8s  %6s  %6d", row.size, row.count,
-                                  row.type.c_str(), row.redop.c_str(), row.root);
+  for (int cycle = 0; opt_.run_cycles == 0 || cycle < opt_.run_cycles; ++cycle) {
+    for (comm_dtype_t dt : opt_.dtypes) {
+      const DtypeInfo& d = dtype_info(dt);
+      for (comm_op_t op : ops) {
+        for (size_t si = 0; si < sizes.size(); ++si) {
+          const auto row_start = Clock::now();
+          const Counts k = opt_.coll->counts(sizes[si] / d.bytes, nranks_);
+          Row row;
+          row.size = std::max(k.send, k.recv) * d.bytes;
+          row.count = k.param;
+          row.type = d.name;
+          row.redop = opt_.coll->reduces ? op_name(op) : "none";
+          row.root = opt_.coll->rooted ? opt_.root : -1;
+          if (!measure(d, op, sizes[si], false, &seed, &row.out_of_place) ||
+              !measure(d, op, sizes[si], true, &seed, &row.in_place))
+            return 1;
+          if (row.out_of_place.wrong > 0 || row.in_place.wrong > 0) ++run.out_of_bounds;
           for (const Measure* m : {&row.out_of_place, &row.in_place}) {
-            const std::string wrong = m->wrong < 0 ? "N/A" : std::to_string(m->wrong);
-            len += std::snprintf(line.data() + len, line.size() - static_cast<size_t>(len), "  %7s  %6.2f  %6.2f  %5s",
-                                 format_time(m->time_us).c_str(), m->algbw, m->busbw, wrong.c_str());
+            bw_sum += m->busbw;
+            ++bw_count;
           }
-          line.resize(static_cast<size_t>(len));
-          std::printf("%s\n", line.c_str());
+          if (rank_ == 0) {
+            std::string line(512, '\0');
+            int len = std::snprintf(line.data(), line.size(), "%12zu  %12zu  %8s  %6s  %6d", row.size, row.count,
+                                    row.type.c_str(), row.redop.c_str(), row.root);
+            for (const Measure* m : {&row.out_of_place, &row.in_place}) {
+              const std::string wrong = m->wrong < 0 ? "N/A" : std::to_string(m->wrong);
+              len += std::snprintf(line.data() + len, line.size() - static_cast<size_t>(len), "  %7s  %6.2f  %6.2f  %5s",
+                                   format_time(m->time_us).c_str(), m->algbw, m->busbw, wrong.c_str());
+            }
+            line.resize(static_cast<size_t>(len));
+            if (opt_.timestamps) line += timestamp_now();  // -S 1: after the in-place columns, as nccl-tests
+            std::printf("%s\n", line.c_str());
+          }
+          if (opt_.run_cycles != 0) run.rows.push_back(row);  // -N 0 would grow without end
+          size_t remaining_bytes = 0;
+          for (size_t sj = si + 1; sj < sizes.size(); ++sj) remaining_bytes += sizes[sj];
+          ++done;
+          if (total != 0)
+            progress(done, total, std::chrono::duration<double>(Clock::now() - row_start).count(), sizes[si],
+                     remaining_bytes);
         }
-        run.rows.push_back(row);
-        size_t remaining_bytes = 0;
-        for (size_t sj = si + 1; sj < sizes.size(); ++sj) remaining_bytes += sizes[sj];
-        ++done;
-        progress(done, total, std::chrono::duration<double>(Clock::now() - row_start).count(), sizes[si],
-                 remaining_bytes);
       }
     }
   }
@@ -391,6 +488,9 @@ int Engine::run() {
     std::printf("# Out of bounds values : %d %s\n", run.out_of_bounds, run.out_of_bounds != 0 ? "FAILED" : "OK");
     std::printf("# Avg bus bandwidth    : %g \n", run.avg_busbw);
     std::printf("#\n");
+  }
+  if (opt_.memory_report) memory_report();
+  if (rank_ == 0) {
     for (const auto& [path, write] : {std::pair{opt_.json_path, 0}, std::pair{opt_.csv_path, 1}}) {
       if (path.empty()) continue;
       const std::string err = write == 0 ? write_json(path, run, opt_) : write_csv(path, run);
@@ -416,7 +516,13 @@ int Engine::run() {
 int run_bench(int argc, char** argv, const char* prog, Backend& backend) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // every line visible as it is printed, as nccl-tests does
   Options opt;
-  if (int code = parse_options(argc, argv, prog, &opt); code >= 0) return code;
+  if (int code = parse_options(argc, argv, prog, &opt); code >= 0) {
+    if (opt.show_version) {
+      const std::string v = backend.version();
+      std::printf("%s (%s%s%s)\n", prog, backend.library().c_str(), v.empty() ? "" : " ", v.c_str());
+    }
+    return code;
+  }
   if (std::string err = backend.init(opt); !err.empty()) {
     std::fprintf(stderr, "# %s: %s\n", prog, err.c_str());
     return 1;

@@ -24,6 +24,7 @@ class LibcommBackend final : public Backend {
     if (const char* a = std::getenv("COMM_ALGO"); a != nullptr && *a != '\0') algo_ = a;
     comm_config_t cfg = COMM_CONFIG_INIT;
     if (!opt.transport.empty()) cfg.transport = opt.transport.c_str();
+    if (opt.timeout_s > 0) cfg.timeout_ms = opt.timeout_s * 1000;  // -T, nccl-tests' per-call timeout
     const char* t = !opt.transport.empty() ? opt.transport.c_str() : std::getenv("COMM_TRANSPORT");
     if (t != nullptr && *t != '\0') transport_ = t;
     if (comm_status_t s = comm_init(&cfg, &comm_); s != COMM_OK) {
@@ -32,8 +33,8 @@ class LibcommBackend final : public Backend {
     }
     if (!ok(comm_rank(comm_, &rank_)) || !ok(comm_size(comm_, &nranks_))) return error_;
     if (opt.device) {
-      if (opt.registered) return "-G 1 and -R 1 together: the engine fills buffers from the host; use one";
-      if (std::string why = device_.open(); !why.empty()) return why;
+      if (opt.registered) return "--device 1 and -R 1 together: the engine fills buffers from the host; use one";
+      if (std::string why = device_.open(opt.stream_null); !why.empty()) return why;
       stream_ = device_.stream();
     }
     return "";
@@ -41,6 +42,7 @@ class LibcommBackend final : public Backend {
   int rank() const override { return rank_; }
   int nranks() const override { return nranks_; }
   std::string library() const override { return "libcomm"; }
+  std::string version() const override { return comm_get_version_string(); }
   std::string transport() const override {
     // comm.h does not report the transport "auto" chose; on one rank there is none to choose.
     if (nranks_ == 1) return transport_ + " (1 rank: nothing on the wire)";
@@ -150,7 +152,7 @@ class LibcommBackend final : public Backend {
     error_ = std::string(comm_status_string(s)) + ": " + comm_last_error(comm_);
     return false;
   }
-  // -G 1: a call on the stream; blocking (-z 1, checks) waits for it, a batch at end_batch.
+  // --device 1: a call on the stream; blocking (-z 1, checks) waits for it, a batch at end_batch.
   bool on_stream(comm_status_t s) { return ok(s) && (batching_ || device_.sync(&error_)); }
   comm_request_t* next() {
     requests_.push_back(nullptr);
@@ -170,7 +172,7 @@ class LibcommBackend final : public Backend {
   std::string error_;
   bool batching_ = false;
   DeviceStream device_;
-  void* stream_ = nullptr;  // -G 1: the CUDA stream every collective goes on
+  void* stream_ = nullptr;  // --device 1: the CUDA stream every collective goes on
   std::vector<comm_request_t> requests_;
 };
 

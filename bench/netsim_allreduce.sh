@@ -3,6 +3,8 @@
 # RATE links; libcomm beside each Gloo algorithm (ROUNDS alternating rounds, medians), the TCP
 # goodput of one link (iperf3, ROUNDS times, median), and a busbw plot over sizes.
 #   sudo bench/netsim_allreduce.sh            # BUILD_DIR=build HOSTS=4 RATE=2gbit ROUNDS=3 SIZE=64M
+#   sudo BUSY=2 bench/netsim_allreduce.sh     # the same while BUSY busy loops keep the cores busy (a
+#                                             # trainer computing); iperf3 is measured unloaded
 # Results (logs, JSON, summary, plot) go to OUT (default bench/results/netsim-<time>).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,7 +29,15 @@ done
 goodput=$(printf '%s\n' "${goodputs[@]}" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')
 echo "# iperf3 median goodput: $goodput GB/s" | tee -a "$OUT/iperf3.txt"
 
-echo "==> all-reduce $SIZE on $HOSTS hosts: libcomm and Gloo, $ROUNDS alternating rounds"
+BUSY=${BUSY:-0}
+busy_pids=()
+stop_busy() { ((${#busy_pids[@]} == 0)) || kill "${busy_pids[@]}" 2>/dev/null || true; }
+trap stop_busy EXIT
+for ((i = 0; i < BUSY; i++)); do
+  (while :; do :; done) &
+  busy_pids+=($!)
+done
+echo "==> all-reduce $SIZE on $HOSTS hosts: libcomm and Gloo, $ROUNDS alternating rounds${BUSY:+ ($BUSY busy loops)}"
 python3 "$ROOT/bench/compare.py" --build "$BUILD_DIR" --netsim "--hosts $HOSTS --rate $RATE" --peers gloo \
   --rounds "$ROUNDS" --out "$OUT/compare" -- -b "$SIZE" -e "$SIZE" -n 5 -w 2 -c 1 | tee "$OUT/compare.txt"
 python3 - "$OUT/compare/summary.json" "$goodput" <<'PY' | tee -a "$OUT/compare.txt"

@@ -1,5 +1,7 @@
 #include "results.h"
 
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,6 +27,14 @@ const char* average_name(Average a) {
   return "?";
 }
 
+// "1.0.0 (git 868ddb39b8cc)" -> "868ddb39b8cc"; "" when the version names none.
+std::string commit_of(const std::string& version) {
+  const size_t at = version.find("(git ");
+  if (at == std::string::npos) return "";
+  const size_t end = version.find(')', at);
+  return version.substr(at + 5, end == std::string::npos ? std::string::npos : end - at - 5);
+}
+
 std::string now_utc() {
   char text[32] = "";
   std::time_t t = std::time(nullptr);
@@ -41,9 +51,15 @@ std::string write_json(const std::string& path, const Run& run, const Options& o
   for (const Row& r : run.rows)
     rows.push_back({{"size", r.size}, {"count", r.count}, {"type", r.type}, {"redop", r.redop}, {"root", r.root},
                     {"out_of_place", to_json(r.out_of_place)}, {"in_place", to_json(r.in_place)}});
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& [name, value] : run.environment) env[name] = value;
   nlohmann::json j = {
       {"format", "comm-bench/1"},
       {"library", run.library},
+      {"version", run.version},
+      {"commit", commit_of(run.version)},
+      {"host", run.host},
+      {"environment", env},
       {"label", run.label},
       {"collective", run.collective},
       {"transport", run.transport},
@@ -56,6 +72,12 @@ std::string write_json(const std::string& path, const Run& run, const Options& o
       {"average", average_name(opt.average)},
       {"blocking", opt.blocking},
       {"registered", opt.registered},
+      {"device", opt.device},
+      {"agg_iters", opt.agg_iters},
+      {"run_cycles", opt.run_cycles},
+      {"cputime", opt.cputime},
+      {"graph", opt.graph_launches},
+      {"timeout_s", opt.timeout_s},
       {"rows", rows},
       {"out_of_bounds", run.out_of_bounds},
       {"avg_busbw", run.avg_busbw},
@@ -63,7 +85,7 @@ std::string write_json(const std::string& path, const Run& run, const Options& o
   std::ofstream out(path);
   out << j.dump(1) << '\n';
   out.close();
-  return out ? "" : "cannot write " + path;
+  return out ? "" : "cannot write " + path + ": " + std::strerror(errno);
 }
 
 std::string write_csv(const std::string& path, const Run& run) {
@@ -88,7 +110,7 @@ std::string write_csv(const std::string& path, const Run& run) {
     out << '\n';
   }
   out.close();
-  return out ? "" : "cannot write " + path;
+  return out ? "" : "cannot write " + path + ": " + std::strerror(errno);
 }
 
 }  // namespace bench

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "options.h"
@@ -29,6 +30,9 @@ struct Row {
 
 struct Run {
   std::string library;
+  std::string version;  // the library's release and commit ("" when it does not say)
+  std::string host;     // rank 0's hostname
+  std::vector<std::pair<std::string, std::string>> environment;  // every COMM_* / NCCL_* set
   std::string label;
   std::string collective;
   std::string transport;

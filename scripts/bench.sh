@@ -4,7 +4,7 @@
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-install_missing
+install_missing "${BENCH_PACKAGES[@]}"
 build_in "$BUILD_DIR"
 
 # --quiet-prefix: rank 0's table stays exactly nccl-tests' format; other ranks' lines get "[rank] ".

@@ -8,7 +8,7 @@
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-install_missing
+install_missing "${TEST_PACKAGES[@]}"
 build_in "$BUILD_DIR"
 
 failed=()

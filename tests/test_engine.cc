@@ -36,12 +36,16 @@ struct Spec {
   int steps = 2;
   int threads = 1;  // reporting threads per rank
   int64_t cap = 64 << 10, first = 16 << 10;
+  int64_t partition = COMM_UNSET;  // bytes; small ones split parameters
+  bool overlap = false;            // overlap_forward: comm_engine_wait(p) before reading p
+  bool check_wire_order = false;   // every rank ran the partitions in the same order
 
   std::string label() const {
     return "n=" + std::to_string(n) + " seed=" + std::to_string(seed) + " op=" + std::to_string(op) +
            " wire=" + std::to_string(wire) + " view=" + std::to_string(view) + " static=" + std::to_string(static_graph) +
            " unused=" + std::to_string(find_unused) + " per_rank_order=" + std::to_string(per_rank_order) +
-           " nosync=" + std::to_string(nosync_steps) + " threads=" + std::to_string(threads);
+           " nosync=" + std::to_string(nosync_steps) + " threads=" + std::to_string(threads) +
+           " partition=" + std::to_string(partition) + " overlap=" + std::to_string(overlap);
   }
 };
 
@@ -97,6 +101,8 @@ std::string run_engine_case(const Spec& s) {
     cfg.gradient_as_bucket_view = s.view;
     cfg.static_graph = s.static_graph;
     cfg.find_unused_parameters = s.find_unused;
+    cfg.partition_bytes = s.partition;
+    cfg.overlap_forward = s.overlap;
     comm_engine_t eng = nullptr;
     auto check = [&](comm_status_t st, const char* what) {
       if (st != COMM_OK) fails.add(who + what + ": " + abi::status_name(st) + ": " + comm_last_error(nullptr));
@@ -159,6 +165,11 @@ std::string run_engine_case(const Spec& s) {
         for (auto& t : ts) t.join();
         if (!check(comm_engine_end(eng), "end")) return (void)comm_engine_destroy(eng);
       }
+      if (s.overlap) {  // each gradient waited for alone, in a random order (a forward's layers)
+        std::vector<int> w(order);
+        std::shuffle(w.begin(), w.end(), og);
+        for (int p : w) check(comm_engine_wait(eng, p), "wait");
+      }
       // The reference: each gradient alone through comm_allreduce on the trainer's communicator
       // (unused ones as zeros, as the engine reduces them).
       comm_engine_stats_t st;
@@ -208,6 +219,21 @@ std::string run_engine_case(const Spec& s) {
             break;
           }
         }
+      }
+      if (s.check_wire_order && fails.count() == 0) {
+        // The sequence of partition all-reduces is a sequence of collectives: identical everywhere.
+        const int nparts = st.num_partition_stats;
+        std::vector<int32_t> mine(static_cast<size_t>(nparts)), all(static_cast<size_t>(nparts * s.n));
+        for (int k = 0; k < nparts; ++k) mine[static_cast<size_t>(k)] = st.partitions[k].wire_order;
+        check(comm_allgather(parent, mine.data(), all.data(), static_cast<size_t>(nparts), COMM_INT32, nullptr), "allgather order");
+        for (int r = 0; r < s.n; ++r)
+          if (!std::equal(mine.begin(), mine.end(), all.begin() + r * nparts))
+            fails.add(who + "step " + std::to_string(step) + ": partitions went on the wire in a different order than on rank " +
+                      std::to_string(r));
+        if (nparts > 1 && st.rounds == 0) fails.add(who + "no readiness round was held");
+        // Rounds without news are not held (libcomm/src/engine/schedule.cc): ranks never spin in them.
+        if (st.rounds > 2 * static_cast<uint64_t>(st.num_partitions) + 2)
+          fails.add(who + std::to_string(st.rounds) + " rounds for " + std::to_string(st.num_partitions) + " partitions");
       }
       if (s.find_unused) {
         int nu = 0;
@@ -310,6 +336,167 @@ TEST_CASE("engine: bitwise on 3 and 4 ranks with one algorithm for every size", 
     CHECK(run_engine_case(s) == "");
   }
   unsetenv("COMM_ALGO");
+}
+
+TEST_CASE("engine: split parameters reduce bitwise as comm_allreduce of the whole (partitions, 2-4 ranks)", "[engine]") {
+  // Partitions of 256 B-2 KiB against gradients of up to 5000 elements: most parameters are split.
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    Spec s;
+    s.seed = 300 + seed;
+    s.partition = seed % 2 ? 256 : 2048;
+    s.per_rank_order = true;
+    s.view = seed == 3;
+    s.wire = seed == 4 ? COMM_BFLOAT16 : COMM_UNSET;
+    s.threads = seed == 2 ? 3 : 1;
+    s.check_wire_order = true;
+    INFO(s.label());
+    CHECK(run_engine_case(s) == "");
+  }
+  setenv("COMM_ALGO", "recursive_doubling", 1);  // one association for every size (as above)
+  for (int n : {3, 4}) {
+    Spec s;
+    s.n = n;
+    s.seed = 310 + static_cast<uint64_t>(n);
+    s.op = COMM_SUM;
+    s.partition = 1024;
+    s.per_rank_order = true;
+    s.max_params = 25;
+    s.check_wire_order = true;
+    INFO(s.label());
+    CHECK(run_engine_case(s) == "");
+  }
+  unsetenv("COMM_ALGO");
+}
+
+TEST_CASE("engine: the wire order is the same on every rank under random per-rank ready orders", "[engine]") {
+  for (int n : {3, 4})
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      Spec s;
+      s.n = n;
+      s.seed = 400 + seed * 10 + static_cast<uint64_t>(n);
+      s.partition = 512;
+      s.per_rank_order = true;
+      s.threads = seed == 2 ? 2 : 1;
+      s.steps = 3;
+      s.find_unused = seed == 3;
+      s.check_wire_order = true;
+      s.op = COMM_MAX;  // exact whatever the association
+      INFO(s.label());
+      CHECK(run_engine_case(s) == "");
+    }
+}
+
+TEST_CASE("engine: overlap_forward: end() returns early, comm_engine_wait gives each reduced gradient", "[engine]") {
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    Spec s;
+    s.seed = 500 + seed;
+    s.partition = 1024;
+    s.overlap = true;
+    s.per_rank_order = true;
+    s.steps = 3;
+    s.view = seed == 2;
+    s.nosync_steps = seed == 3 ? 1 : 0;
+    s.check_wire_order = true;
+    INFO(s.label());
+    CHECK(run_engine_case(s) == "");
+  }
+}
+
+TEST_CASE("engine: comm_engine_wait for the first layer returns while later partitions are on the wire", "[engine]") {
+  abi::Ranks w = abi::init_ranks(2, "engine-wait", 20000);
+  REQUIRE(w.all_ok());
+  constexpr int kParams = 6;
+  constexpr size_t kCount = 1 << 20;  // 4 MiB each
+  auto out = abi::on_ranks(2, [&](int r) -> std::string {
+    comm_engine_config_t cfg = COMM_ENGINE_CONFIG_INIT;
+    cfg.partition_bytes = 512 << 10;
+    cfg.overlap_forward = 1;
+    comm_engine_t e = nullptr;
+    if (comm_engine_create(w.comms[static_cast<size_t>(r)], &cfg, &e) != COMM_OK) return "create";
+    int idx;
+    for (int p = 0; p < kParams; ++p) (void)comm_engine_register(e, kCount, COMM_FLOAT32, &idx);
+    if (comm_engine_finalize(e) != COMM_OK) return "finalize";
+    std::vector<std::vector<float>> g(kParams, std::vector<float>(kCount, 1.0f + static_cast<float>(r)));
+    std::string err;
+    const double t0 = abi::now_ms();
+    (void)comm_engine_begin(e, 1);
+    for (int p = kParams - 1; p >= 0; --p) (void)comm_engine_grad_ready(e, p, g[static_cast<size_t>(p)].data());
+    if (comm_engine_end(e) != COMM_OK) return std::string("end: ") + comm_last_error(nullptr);
+    if (comm_engine_wait(e, 0) != COMM_OK) return std::string("wait: ") + comm_last_error(nullptr);
+    const double t_wait0 = abi::now_ms() - t0;
+    if (g[0][0] != 1.5f || g[0][kCount - 1] != 1.5f) err += "gradient 0 not reduced after wait; ";
+    for (int p = 1; p < kParams; ++p) (void)comm_engine_wait(e, p);
+    comm_engine_stats_t st;
+    st.size = sizeof st;
+    (void)comm_engine_stats(e, &st);
+    double last_done = 0, p0_done = 0;
+    for (int k = 0; k < st.num_partition_stats; ++k) {
+      last_done = std::max(last_done, st.partitions[k].done_us / 1000);
+      if (st.partitions[k].first_param == 0) p0_done = std::max(p0_done, st.partitions[k].done_us / 1000);
+    }
+    if (st.num_partitions != kParams * 8) err += "expected 48 partitions, got " + std::to_string(st.num_partitions) + "; ";
+    // Parameter 0 (reported last) went first among the agreed partitions, and its wait returned
+    // before the rest were done.
+    if (!(p0_done < last_done)) err += "parameter 0's partitions were not the first done; ";
+    if (!(t_wait0 < last_done))
+      err += "wait(0) returned at " + std::to_string(t_wait0) + " ms, after the last partition (" + std::to_string(last_done) + " ms); ";
+    for (int p = 0; p < kParams; ++p)
+      if (g[static_cast<size_t>(p)][kCount / 2] != 1.5f) err += "gradient " + std::to_string(p) + " not reduced; ";
+    if (comm_engine_destroy(e) != COMM_OK) return "destroy";
+    return err;
+  });
+  abi::destroy_ranks(w.comms);
+  CHECK(out[0] == "");
+  CHECK(out[1] == "");
+}
+
+TEST_CASE("partitions: parameters packed whole, large ones split in equal pieces, priorities from parameters", "[engine]") {
+  using comm::engine::ParamInfo;
+  std::vector<ParamInfo> params = {{100, COMM_FLOAT32}, {1000, COMM_FLOAT32}, {0, COMM_FLOAT32}, {30, COMM_FLOAT32}};
+  auto b = comm::engine::assign_buckets(params, comm::engine::reverse_order(params.size()), 1 << 20, 1 << 20);
+  REQUIRE(b.size() == 1);  // 3, 2, 1, 0 at offsets 0, 30, 30, 1030
+  std::vector<int> prio = {0, 1, 2, 3};
+  auto parts = comm::engine::cut_partitions(b, params, prio, 1600);  // 400 elements
+  // [3 (30) + 2 (0)] then 1 (1000) in 3 pieces of 334/334/332, then 0 (100).
+  REQUIRE(parts.size() == 5);
+  CHECK(parts[0].params == std::vector<int>{3, 2});
+  CHECK(parts[0].count == 30);
+  CHECK(parts[0].priority == 2);
+  for (int k = 1; k <= 3; ++k) CHECK(parts[static_cast<size_t>(k)].params == std::vector<int>{1});
+  CHECK(parts[1].begin == 30);
+  CHECK(parts[1].count == 334);
+  CHECK(parts[3].begin + parts[3].count == 1030);
+  CHECK(parts[4].params == std::vector<int>{0});
+  CHECK(parts[4].priority == 0);
+  // Random lists: partitions tile each bucket, within the limit unless one parameter piece, every
+  // parameter in at least one.
+  std::mt19937 g(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<ParamInfo> ps(1 + g() % 40);
+    for (auto& p : ps) p = {g() % 3000, g() % 3 ? COMM_FLOAT32 : COMM_FLOAT64};
+    auto bs = comm::engine::assign_buckets(ps, comm::engine::reverse_order(ps.size()), 1 + g() % 20000, 1 + g() % 20000);
+    std::vector<int> pr(ps.size());
+    for (size_t i = 0; i < pr.size(); ++i) pr[i] = static_cast<int>(g() % 50);
+    const size_t limit = 8 + g() % 8000;
+    auto pts = comm::engine::cut_partitions(bs, ps, pr, limit);
+    std::vector<size_t> covered(bs.size(), 0);
+    std::vector<int> seen(ps.size(), 0);
+    for (const auto& pt : pts) {
+      REQUIRE(!pt.params.empty());
+      CHECK(pt.begin == covered[static_cast<size_t>(pt.bucket)]);  // in offset order, no gap
+      covered[static_cast<size_t>(pt.bucket)] = pt.begin + pt.count;
+      const size_t es = bs[static_cast<size_t>(pt.bucket)].dtype == COMM_FLOAT32 ? 4 : 8;
+      CHECK(pt.count * es <= std::max(limit, es));
+      int minp = INT32_MAX;
+      for (int p : pt.params) {
+        seen[static_cast<size_t>(p)] = 1;
+        minp = std::min(minp, pr[static_cast<size_t>(p)]);
+      }
+      CHECK(pt.priority == minp);
+    }
+    for (size_t bk = 0; bk < bs.size(); ++bk) CHECK(covered[bk] == bs[bk].count);
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+  }
 }
 
 TEST_CASE("engine: unused parameters are reduced as zeros and reported", "[engine]") {
@@ -447,7 +634,7 @@ TEST_CASE("engine: a bucket's all-reduce runs while backward goes on, before end
     std::fclose(f);
     std::remove(path.c_str());
     CHECK(text.find("\"traceEvents\"") != std::string::npos);
-    CHECK(text.find("\"name\":\"bucket 5\"") != std::string::npos);
+    CHECK(text.find("\"name\":\"partition 5\"") != std::string::npos);
     CHECK(text.find("\"name\":\"step 2\"") != std::string::npos);
     CHECK(text.find("end() wait") != std::string::npos);
   }

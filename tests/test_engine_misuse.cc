@@ -69,19 +69,30 @@ TEST_CASE("engine misuse: local mistakes fail the call with a clear error and ch
     o.push_back(call([&] { return comm_engine_grad_ready(e, 1, g1.data()); }));           // 11: ok
     o.push_back(call([&] { return comm_engine_end(e); }));                                // 12: ok, still usable
     result[static_cast<size_t>(r)] = g0;
-    o.push_back(call([&] { return comm_engine_destroy(e); }));                            // 13
+    o.push_back(call([&] { return comm_engine_wait(e, 0); }));                            // 13: ok (done)
+    o.push_back(call([&] { return comm_engine_wait(e, 7); }));                            // 14: out of range
+    o.push_back(call([&] { return comm_engine_begin(e, 0); }));                           // 15: no_sync, ok
+    o.push_back(call([&] { return comm_engine_grad_ready(e, 1, nullptr); }));             // 16: NULL in no_sync too
+    o.push_back(call([&] { return comm_engine_set_priority(e, 0, 3); }));                 // 17: after finalize
+    o.push_back(call([&] { return comm_engine_grad_ready(e, 1, g1.data()); }));           // 18: ok
+    o.push_back(call([&] { return comm_engine_end(e); }));                                // 19: ok
+    o.push_back(call([&] { return comm_engine_destroy(e); }));                            // 20
   });
   abi::destroy_ranks(w.comms);
   const comm_status_t expect[] = {COMM_ERR_INVALID_USAGE,    COMM_ERR_INVALID_USAGE,    COMM_ERR_INVALID_USAGE,
                                   COMM_OK,                   COMM_ERR_INVALID_USAGE,    COMM_ERR_INVALID_ARGUMENT,
                                   COMM_ERR_INVALID_ARGUMENT, COMM_OK,                   COMM_ERR_INVALID_USAGE,
                                   COMM_ERR_INVALID_ARGUMENT, COMM_ERR_INVALID_USAGE,    COMM_OK,
-                                  COMM_OK,                   COMM_OK};
+                                  COMM_OK,                   COMM_OK,                   COMM_ERR_INVALID_ARGUMENT,
+                                  COMM_OK,                   COMM_ERR_INVALID_ARGUMENT, COMM_ERR_INVALID_USAGE,
+                                  COMM_OK,                   COMM_OK,                   COMM_OK};
   const char* words[] = {"finalize", "begin", "outside a step", "", "already open", "out of range", "out of range",
-                         "", "twice", "NULL", "gradient_as_bucket_view", "", "", ""};
+                         "", "twice", "NULL", "gradient_as_bucket_view", "", "", "", "out of range", "", "NULL",
+                         "finalize", "", "", ""};
+  constexpr size_t kCalls = sizeof expect / sizeof expect[0];
   for (int r = 0; r < 2; ++r) {
-    REQUIRE(out[static_cast<size_t>(r)].size() == 14);
-    for (size_t i = 0; i < 14; ++i) {
+    REQUIRE(out[static_cast<size_t>(r)].size() == kCalls);
+    for (size_t i = 0; i < kCalls; ++i) {
       const Outcome& o = out[static_cast<size_t>(r)][i];
       INFO("rank " << r << " call " << i << ": " << abi::status_name(o.st) << " " << o.msg);
       CHECK(o.st == expect[i]);

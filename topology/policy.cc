@@ -195,7 +195,9 @@ class Planner {
         p.why = "same host: shared memory across the socket interconnect still beats the network stack";
       } else if (have_ib) {
         p.why = "InfiniBand/RoCE HCA(s) " + join(plan_.ib_hcas) + ": UCX for host buffers" +
-                (p.host_transport == "ucx" ? "" : "; UCX is not in this build, so TCP sockets");
+                (p.host_transport == "ucx" ? ""
+                                           : "; UCX is not available here (not in this build, or its library did not "
+                                             "load: COMM_DEBUG=INFO says why), so TCP sockets");
       } else {
         p.why = "no InfiniBand/RoCE HCA" + (not_ib.empty() ? std::string() : " (" + not_ib + ")") + ": TCP sockets";
       }

@@ -1,13 +1,20 @@
 // RDMA devices and their ports from libibverbs: the link layer (InfiniBand vs Ethernet = RoCE),
 // port state, active speed and width. Only probing; the IB data path is NCCL's and UCX's.
 // Devices hwloc already found are completed by name (or PCI function); others are added.
+// libibverbs.so.1 (or COMM_IBVERBS_LIBRARY) is opened with dlopen, never linked, so libcomm.so.1
+// loads on a host without rdma-core; there the probe notes it and finds no RDMA port.
 #include <dirent.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <fstream>
 
+#include <string>
+#include <type_traits>
+
+#include "params.h"
 #include "probe.h"
 #include "topology_config.h"
 
@@ -19,6 +26,58 @@ namespace comm::topology {
 
 #if COMM_HAVE_IBVERBS
 namespace {
+
+// The calls the probe makes, typed by verbs.h. ibv_query_port is an inline in verbs.h that falls
+// back to the exported symbol; Verbs::query_port below does the same through the table.
+struct Verbs {
+  std::string why_not;
+#define COMM_IBV_FN(name) decltype(&::name) name = nullptr
+  COMM_IBV_FN(ibv_get_device_list);
+  COMM_IBV_FN(ibv_free_device_list);
+  COMM_IBV_FN(ibv_get_device_name);
+  COMM_IBV_FN(ibv_open_device);
+  COMM_IBV_FN(ibv_close_device);
+  COMM_IBV_FN(ibv_query_device);
+#undef COMM_IBV_FN
+  int (*compat_query_port)(ibv_context*, uint8_t, _compat_ibv_port_attr*) = nullptr;  // "ibv_query_port"
+
+  int query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr) const {
+    if (verbs_context* v = verbs_get_ctx_op(ctx, query_port)) return v->query_port(ctx, port, attr, sizeof *attr);
+    *attr = {};
+    return compat_query_port(ctx, port, reinterpret_cast<_compat_ibv_port_attr*>(attr));
+  }
+};
+
+const Verbs& verbs() {
+  static const Verbs* table = [] {
+    auto* v = new Verbs();  // never freed: providers stay loaded for the life of the process
+    std::string path;
+    (void)params::get_string("COMM_IBVERBS_LIBRARY", &path);
+    const std::string name = path.empty() ? "libibverbs.so.1" : path;
+    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* err = dlerror();
+      v->why_not = "libibverbs not loadable: dlopen(" + name + ") failed" + (err ? std::string(": ") + err : "") +
+                   " (RDMA ports unknown)";
+      return v;
+    }
+    std::string missing;
+    auto resolve = [&](auto* fn, const char* symbol) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(lib, symbol));
+      if (*fn == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(symbol);
+    };
+    resolve(&v->ibv_get_device_list, "ibv_get_device_list");
+    resolve(&v->ibv_free_device_list, "ibv_free_device_list");
+    resolve(&v->ibv_get_device_name, "ibv_get_device_name");
+    resolve(&v->ibv_open_device, "ibv_open_device");
+    resolve(&v->ibv_close_device, "ibv_close_device");
+    resolve(&v->ibv_query_device, "ibv_query_device");
+    resolve(&v->compat_query_port, "ibv_query_port");
+    if (!missing.empty()) v->why_not = name + " lacks " + missing + " (RDMA ports unknown)";
+    return v;
+  }();
+  return *table;
+}
 
 // Gb/s per lane, by ibv_port_attr.active_speed (rdma-core's encoding).
 double lane_gbps(unsigned speed) {
@@ -68,15 +127,20 @@ std::string read_line(const std::string& path) {
 }  // namespace
 
 void probe_ibverbs(Topology* topo) {
+  const Verbs& ibv = verbs();
+  if (!ibv.why_not.empty()) {
+    topo->notes.push_back(ibv.why_not);
+    return;
+  }
   int count = 0;
-  ibv_device** list = ibv_get_device_list(&count);
+  ibv_device** list = ibv.ibv_get_device_list(&count);
   if (list == nullptr || count == 0) {
     topo->notes.push_back("libibverbs: no RDMA devices");
-    if (list) ibv_free_device_list(list);
+    if (list) ibv.ibv_free_device_list(list);
     return;
   }
   for (int i = 0; i < count; ++i) {
-    const std::string name = ibv_get_device_name(list[i]);
+    const std::string name = ibv.ibv_get_device_name(list[i]);
     const std::string sys = std::string("/sys/class/infiniband/") + name;
     const std::string busid = sysfs_pci_busid(sys + "/device");
     auto it = std::find_if(topo->hcas.begin(), topo->hcas.end(), [&](const Hca& h) {
@@ -96,18 +160,18 @@ void probe_ibverbs(Topology* topo) {
       it = topo->hcas.end() - 1;
     }
     it->name = name;
-    ibv_context* ctx = ibv_open_device(list[i]);
+    ibv_context* ctx = ibv.ibv_open_device(list[i]);
     if (ctx == nullptr) {
       topo->notes.push_back("libibverbs: cannot open " + name + " (" + errno_string(errno) + "); ports unknown");
       continue;
     }
     ibv_device_attr attr{};
-    if (ibv_query_device(ctx, &attr) == 0) {
+    if (ibv.ibv_query_device(ctx, &attr) == 0) {
       it->ports.clear();
       std::string layers;
       for (int p = 1; p <= attr.phys_port_cnt; ++p) {
         ibv_port_attr pa{};
-        if (ibv_query_port(ctx, static_cast<uint8_t>(p), &pa) != 0) continue;
+        if (ibv.query_port(ctx, static_cast<uint8_t>(p), &pa) != 0) continue;
         RdmaPort port;
         port.number = p;
         port.state = port_state(pa.state);
@@ -132,9 +196,9 @@ void probe_ibverbs(Topology* topo) {
         it->kind_reason = "libibverbs: port link layer Ethernet (RoCE)";
       }
     }
-    ibv_close_device(ctx);
+    ibv.ibv_close_device(ctx);
   }
-  ibv_free_device_list(list);
+  ibv.ibv_free_device_list(list);
 }
 
 #else

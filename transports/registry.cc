@@ -8,6 +8,7 @@ namespace comm::transport {
 namespace {
 
 bool always() { return true; }
+std::string no_reason() { return ""; }
 
 Status connect_plain(Status (*create)(const Options&, std::unique_ptr<Transport>*), const ConnectRequest& r,
                      Connected* out) {
@@ -19,10 +20,10 @@ Status connect_plain(Status (*create)(const Options&, std::unique_ptr<Transport>
 
 const std::vector<TransportInfo>& registry() {
   static const std::vector<TransportInfo> table = {
-      {"shm", true, false, always, "", connect_shm},
-      {"socket", false, true, always, "",
+      {"shm", true, false, always, no_reason, connect_shm},
+      {"socket", false, true, always, no_reason,
        [](const ConnectRequest& r, Connected* out) { return connect_plain(create_socket_transport, r, out); }},
-      {"ucx", false, false, ucx_built, "libucx-dev was not found when libcomm was built",
+      {"ucx", false, false, ucx_built, ucx_why_not,
        [](const ConnectRequest& r, Connected* out) { return connect_plain(create_ucx_transport, r, out); }},
   };
   return table;

@@ -32,8 +32,8 @@ struct TransportInfo {
   const char* name;        // what COMM_TRANSPORT and the plan call it
   bool host_local;         // reaches only the ranks on this host
   bool listens_on_interface;  // needs Options.listen (the core's choice of network interface)
-  bool (*built)();         // compiled into this build
-  const char* not_built;   // why not, for the message ("libucx-dev was not found when ...")
+  bool (*built)();         // usable here: compiled in, and (UCX) its library loads
+  std::string (*not_built)();  // why not, for the message ("libucx-dev was not found when ...")
   // Every rank of the communicator calls it (host-local transports: those alone on their
   // host too, as the outcome is agreed). A non-OK status means nothing was agreed.
   Status (*connect)(const ConnectRequest& request, Connected* out);

@@ -1,6 +1,10 @@
 #include "params.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -9,9 +13,18 @@ namespace comm::params {
 const std::vector<Param>& all() {
   static const std::vector<Param> table = {
       // libcomm's own
-      {"COMM_DEBUG", Type::kEnum, "WARN", "log level", "NONE,WARN,INFO,TRACE"},
+      {"COMM_DEBUG", Type::kEnum, "WARN",
+       "log level: each shows the ones before it; VERSION adds libcomm's version line, INFO one line per rank at "
+       "init (version, commit, transports, the COMM_*/NCCL_* variables set) and more",
+       "NONE,WARN,VERSION,INFO,TRACE"},
       {"COMM_DEBUG_SUBSYS", Type::kString, "ALL",
-       "comma list of INIT,NET,COLL,STORE,ENV,ALG,ALL; a leading ^ excludes", nullptr},
+       "comma list of INIT,NET,COLL,STORE,ENV,ALG,ALL filtering INFO and TRACE lines (warnings always show); a "
+       "leading ^ excludes",
+       nullptr},
+      {"COMM_DEBUG_FILE", Type::kString, "",
+       "write log lines to this file instead of stderr (NCCL_DEBUG_FILE's syntax): %h the host name, %p the pid, "
+       "%r the rank",
+       nullptr},
       {"COMM_TIMEOUT_MS", Type::kInt, "600000",
        "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr},
       {"COMM_TRANSPORT", Type::kEnum, "auto",
@@ -24,6 +37,13 @@ const std::vector<Param>& all() {
       {"COMM_NCCL_LIBRARY", Type::kString, "", "NCCL library to dlopen instead of libnccl.so.2", nullptr},
       {"COMM_CUDA_LIBRARY", Type::kString, "",
        "CUDA runtime to dlopen instead of libcudart.so.13, .12, .11.0 (the first found)", nullptr},
+      {"COMM_UCX_LIBRARY", Type::kString, "",
+       "UCX's libucp to dlopen instead of libucp.so.0 (a path that does not load switches UCX off: sockets between "
+       "hosts)",
+       nullptr},
+      {"COMM_IBVERBS_LIBRARY", Type::kString, "",
+       "libibverbs to dlopen for the RDMA probe instead of libibverbs.so.1 (one that does not load: no RDMA ports)",
+       nullptr},
       {"COMM_AUTH_TOKEN", Type::kString, "", "peers without the same token are refused at rendezvous",
        nullptr},
       {"COMM_TUNING_FILE", Type::kString, "", "tuning profile (JSON) written by comm-tune", nullptr},
@@ -48,6 +68,18 @@ const std::vector<Param>& all() {
        "gradient engine: bucket size limit (bytes) when comm_engine_config_t.bucket_cap_bytes is unset", nullptr},
       {"COMM_ENGINE_FIRST_BUCKET_BYTES", Type::kInt, "1048576",
        "gradient engine: limit of the first bucket when comm_engine_config_t.first_bucket_bytes is unset", nullptr},
+      {"COMM_ENGINE_PARTITION_BYTES", Type::kInt, "4194304",
+       "gradient engine: buckets go on the wire in partitions of up to this many bytes, highest priority first, "
+       "when comm_engine_config_t.partition_bytes is unset",
+       nullptr},
+      {"COMM_ENGINE_OVERLAP_FORWARD", Type::kInt, "0",
+       "gradient engine: 1 = comm_engine_end returns once every gradient is reported; comm_engine_wait(i) before "
+       "gradient i is read (when comm_engine_config_t.overlap_forward is unset)",
+       nullptr},
+      {"COMM_ENGINE_SCHEDULE", Type::kString, "priority",
+       "gradient engine: priority (partitions ready on every rank, highest priority first) or fifo (bucket order, "
+       "as torch's DDP; for comparison)",
+       nullptr},
       {"COMM_TRACE_FILE", Type::kString, "",
        "gradient engine: write a Chrome/Perfetto trace (JSON) of steps and buckets here at comm_engine_destroy; "
        "%r becomes the rank",
@@ -80,9 +112,24 @@ const std::vector<Param>& all() {
       {"COMM_SHM_ARENA_BYTES", Type::kInt, "68719476736",
        "shared memory: address space each rank reserves (not allocates) for comm_mem_alloc buffers and staging",
        nullptr},
+      {"COMM_SOCKET_SPIN_US", Type::kInt, "0",
+       "sockets: microseconds a wait polls without blocking after each progress, before it sleeps in poll() "
+       "(0: never spin; spinning trades a trainer's CPU for wake-up latency)",
+       nullptr},
       {"COMM_SHM_SPIN_US", Type::kInt, "-1",
        "shared memory: microseconds a wait spins before it yields or sleeps on a futex (-1: 200 when local "
        "ranks <= cores; else 0, then sched_yield for up to 1 ms)",
+       nullptr},
+      // tools and tests, not the library (here so that setting them is not warned about)
+      {"COMM_BENCH_CORRUPT", Type::kString, "",
+       "comm-bench, tests only: RANK:INDEX flips one byte of that output element on that rank after each check",
+       nullptr},
+      {"COMM_TEST_WIRE", Type::kString, "", "unit tests: run the algorithm sweeps over this transport (e.g. ucx)",
+       nullptr},
+      {"COMM_FIXTURES_DIR", Type::kString, "", "topology tests: where the machine exports are (tests/fixtures)",
+       nullptr},
+      {"COMM_PRINT_SELECTION", Type::kString, "", "algorithm selection test: print the selection table", nullptr},
+      {"COMM_ASAN_TESTS", Type::kString, "~[slow]", "scripts/test.sh: Catch2 test spec of the ASan+UBSan tier",
        nullptr},
       // launchers
       {"MASTER_ADDR", Type::kString, "", "torchrun: rank 0's address (the store)", nullptr},
@@ -175,6 +222,72 @@ Status get_optional_int(const char* name, int64_t min, int64_t max, int64_t* out
   *present = v.has_value();
   if (!v) return Status::Ok();
   return parse_int(name, *v, min, max, out);
+}
+
+namespace {
+
+bool secret(const std::string& name) {
+  for (const char* word : {"TOKEN", "SECRET", "PASSWORD"})
+    if (name.find(word) != std::string::npos) return true;
+  return false;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> set_variables() {
+  std::vector<std::string> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    if (entry.rfind("COMM_", 0) != 0 && entry.rfind("NCCL_", 0) != 0) continue;
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    out.push_back(secret(entry.substr(0, eq)) ? entry.substr(0, eq) + "=(set)" : entry);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string nearest_name(const std::string& name) {
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const auto& p : all()) {
+    const size_t d = edit_distance(name, p.name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = p.name;
+    }
+  }
+  return best;
+}
+
+std::vector<std::string> unknown_variables() {
+  std::vector<std::string> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (entry.rfind("COMM_", 0) != 0 || eq == std::string::npos) continue;
+    const std::string name = entry.substr(0, eq);
+    if (find(name.c_str()) != nullptr) continue;
+    out.push_back(name + " is set but libcomm has no such variable, so it has no effect; did you mean " +
+                  nearest_name(name) + "? (comm-run --params lists them all)");
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::string describe_all() {

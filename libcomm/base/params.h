@@ -37,4 +37,15 @@ Status get_optional_int(const char* name, int64_t min, int64_t max, int64_t* out
 // "NAME=value (default ...): doc" lines for every knob.
 std::string describe_all();
 
+// Every COMM_* and NCCL_* variable set in the environment, "NAME=value" in name order, for the
+// init log line; a secret (COMM_AUTH_TOKEN, names with TOKEN/SECRET/PASSWORD) shows as "NAME=(set)".
+std::vector<std::string> set_variables();
+
+// One message per COMM_* variable set that is not in the registry (a typo like COMM_TIMEOUT),
+// naming the registered one nearest in edit distance.
+std::vector<std::string> unknown_variables();
+
+// The nearest registered name to `name` (Levenshtein distance; ties: the first in the registry).
+std::string nearest_name(const std::string& name);
+
 }  // namespace comm::params

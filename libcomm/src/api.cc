@@ -9,6 +9,7 @@
 #include "communicator.h"
 #include "group.h"
 #include "log.h"
+#include "version.h"
 #include "device/device.h"
 
 namespace comm {
@@ -49,6 +50,8 @@ COMM_API comm_status_t comm_get_version(int* major, int* minor) {
     return Status::Ok();
   });
 }
+
+COMM_API const char* comm_get_version_string(void) { return comm::version::text(); }
 
 COMM_API comm_status_t comm_init(const comm_config_t* cfg, comm_t* out) {
   return comm::guarded("comm_init", [&]() -> Status {

@@ -8,9 +8,11 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "communicator.h"
+#include "algorithms/algorithm.h"
 #include "log.h"
 #include "params.h"
 #include "rendezvous.h"
@@ -19,6 +21,7 @@
 #include "process_plan.h"
 #include "registry.h"
 #include "tuning/nccl_settings.h"
+#include "version.h"
 
 namespace comm {
 namespace {
@@ -86,10 +89,15 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
       return InvalidArgument("transport '" + s->transport + "' is unknown; use auto, nccl, " +
                              transport::names(false));
     if (!t->built())
-      return Unavailable("transport '" + s->transport + "' is not available in this build (" + t->not_built +
+      return Unavailable("transport '" + s->transport + "' is not available here (" + t->not_built() +
                          "); use COMM_TRANSPORT=auto, " + transport::names(true));
   }
   COMM_RETURN_IF_ERROR(params::get_string("COMM_ALGO", &s->forced_algo));
+  // A name no collective knows is refused here, on every rank alike, not at the first call.
+  if (!s->forced_algo.empty()) {
+    Status known = algo::check_name(s->forced_algo, "COMM_ALGO");
+    if (!known.ok()) return InvalidArgument(known.message() + "; set COMM_ALGO to one of these, or unset it");
+  }
   int64_t chunk = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
   s->chunk_bytes = static_cast<size_t>(chunk);
@@ -255,6 +263,16 @@ Status init_barrier(comm_t c) {
   return execute(c, args);
 }
 
+// Once per process, at the first comm_init (NCCL prints its version the same way): the version
+// line, and a warning for each COMM_* variable that is set but means nothing to libcomm.
+void announce_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    COMM_VERSION(kInit, "libcomm version %s", version::text());
+    for (const auto& w : params::unknown_variables()) COMM_WARN(kEnv, "%s", w.c_str());
+  });
+}
+
 }  // namespace
 
 Status init_communicator(const comm_config_t& cfg, comm_t* out) {
@@ -266,6 +284,7 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   c->size = id.world_size;
   c->id = "0";
   log::set_thread_rank(c->rank);
+  announce_once();
   std::string token;
   COMM_RETURN_IF_ERROR(params::get_string("COMM_AUTH_TOKEN", &token));
   COMM_RETURN_IF_ERROR(open_store(id, c->settings.timeout_ms, token, &c->job_store));
@@ -289,8 +308,14 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   // "Connections"); rank 0 then holds no connection per rank for the job's life. (NCCL may
   // have used it just now.)
   c->job_store->release_idle();
-  COMM_INFO(kInit, "rank %d of %d ready (init %s, transport %s, timeout %d ms)", c->rank, c->size,
-            id.init_method.c_str(), c->transport->name(), c->settings.timeout_ms);
+  if (log::enabled(log::Level::kInfo, log::kInit)) {
+    std::string vars;
+    for (const auto& v : params::set_variables()) vars += " " + v;
+    COMM_INFO(kInit, "rank %d of %d ready: libcomm %s; init %s; transport %s; timeout %d ms; algorithm %s; set:%s",
+              c->rank, c->size, version::text(), id.init_method.c_str(), c->transport->name(),
+              c->settings.timeout_ms, c->settings.forced_algo.empty() ? "auto" : c->settings.forced_algo.c_str(),
+              vars.empty() ? " nothing" : vars.c_str());
+  }
   *out = c.release();
   return Status::Ok();
 }

@@ -91,7 +91,13 @@ struct comm_s {
   std::condition_variable queue_cv;
   std::deque<comm_request_s*> queue;
   bool worker_busy = false;
-  // !queue.empty() || worker_busy, written under queue_mu, read without it by blocking calls
+  // A thread in comm_wait runs the call it waits for itself (execute.cc, wait_request): the
+  // worker takes nothing from the queue meanwhile.
+  bool helping = false;
+  // The worker is blocked in the transport's wait_some: only then does a new call need
+  // transport->wake() (an eventfd write, a system call per comm_i* otherwise).
+  bool worker_in_transport = false;
+  // !queue.empty() || worker_busy || helping, written under queue_mu, read without it by blocking calls
   // (a call enqueued by this thread is always seen; a worker going idle at that moment is fine).
   std::atomic<bool> worker_active{false};
   bool worker_stop = false;

@@ -101,7 +101,7 @@ Status create_host_transport(const std::string& kind, const transport::Options& 
   transport::ConnectRequest r = request_for(c, kind, opt);
   if (t->listens_on_interface) COMM_RETURN_IF_ERROR(choose_listen_address(c, &r.options.listen));
   if (!t->built())
-    return Unavailable("transport '" + kind + "' is not available in this build (" + t->not_built + ")");
+    return Unavailable("transport '" + kind + "' is not available here (" + t->not_built() + ")");
   transport::Connected connected;
   COMM_RETURN_IF_ERROR(t->connect(r, &connected));
   *out = std::move(connected.transport);

@@ -199,16 +199,17 @@ void worker_loop(comm_t c) {
   std::vector<InFlight> inflight;
   std::vector<transport::RequestId> ids;
   std::unique_lock<std::mutex> lock(c->queue_mu);
+  auto can_take = [&] { return !c->queue.empty() && !c->helping; };
   for (;;) {
-    if (c->queue.empty() && inflight.empty()) {
+    if (!can_take() && inflight.empty()) {
       c->worker_busy = false;
-      c->worker_active.store(false, std::memory_order_release);
+      c->worker_active.store(!c->queue.empty() || c->helping, std::memory_order_release);
       c->queue_cv.notify_all();
-      c->queue_cv.wait(lock, [&] { return !c->queue.empty() || c->worker_stop; });
-      if (c->queue.empty()) return;  // stop requested and drained
+      c->queue_cv.wait(lock, [&] { return can_take() || (c->worker_stop && !c->helping); });
+      if (!can_take()) return;  // stop requested and drained
     }
     c->worker_busy = true;
-    if (!c->queue.empty()) {
+    if (can_take()) {
       comm_request_s* req = c->queue.front();
       c->queue.pop_front();
       lock.unlock();
@@ -223,10 +224,15 @@ void worker_loop(comm_t c) {
       continue;
     }
     // Only sends/receives in flight: block until one finishes or a new call arrives.
+    c->worker_in_transport = true;
     lock.unlock();
     ids.clear();
     for (const auto& f : inflight) ids.push_back(f.id);
-    collect(c, &inflight, c->transport->wait_some(ids.data(), ids.size()));
+    Status st = c->transport->wait_some(ids.data(), ids.size());
+    lock.lock();
+    c->worker_in_transport = false;
+    lock.unlock();
+    collect(c, &inflight, st);
     lock.lock();
   }
 }
@@ -236,6 +242,7 @@ void worker_loop(comm_t c) {
 Status enqueue(comm_t c, algo::CollArgs args, comm_request_s** out) {
   COMM_RETURN_IF_ERROR(check_usable(c));
   stamp(c, &args);
+  bool in_transport = false;
   {
     std::lock_guard<std::mutex> lock(c->queue_mu);
     comm_request_s* req;
@@ -254,14 +261,36 @@ Status enqueue(comm_t c, algo::CollArgs args, comm_request_s** out) {
     if (!c->worker.joinable()) c->worker = std::thread(worker_loop, c);
     c->queue_cv.notify_all();
     *out = req;
+    in_transport = c->worker_in_transport;
   }
-  c->transport->wake();  // a worker blocked in wait_some picks the new call up
+  if (in_transport) c->transport->wake();  // a worker blocked in wait_some picks the new call up
   return Status::Ok();
 }
 
 Status wait_request(comm_request_s* req) {
   comm_t c = req->comm;
   std::unique_lock<std::mutex> lock(c->queue_mu);
+  // The worker has not taken it yet and runs nothing: it is the next call in issue order, so this
+  // thread runs it, without the hand-off to the worker and back (two wake-ups: comm_i* + comm_wait
+  // cost 1.2 us against 0.2 us blocking for 8 B on one rank). Sends/receives stay with the worker,
+  // which keeps them in flight together.
+  if (!req->done && !c->worker_busy && !c->helping && !c->queue.empty() && c->queue.front() == req &&
+      req->args.kind != transport::CollKind::kSendRecv) {
+    c->queue.pop_front();
+    c->helping = true;
+    lock.unlock();
+    Status st = execute(c, req->args);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> state(c->state_mu);
+      if (c->async_error.ok()) c->async_error = st;
+    }
+    lock.lock();
+    c->helping = false;
+    c->worker_active.store(!c->queue.empty() || c->worker_busy, std::memory_order_release);
+    c->free_requests.push_back(req);
+    c->queue_cv.notify_all();  // the worker may take what was queued meanwhile
+    return st;
+  }
   c->queue_cv.wait(lock, [&] { return req->done; });
   Status st = req->status;
   c->free_requests.push_back(req);

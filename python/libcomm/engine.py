@@ -17,10 +17,11 @@ from .buffers import as_buf, dtype_code
 from .communicator import op_code
 from .errors import check, invalid
 
-COMM_ENGINE_CONFIG_VERSION = 1
-COMM_ENGINE_STATS_VERSION = 1
+COMM_ENGINE_CONFIG_VERSION = 2
+COMM_ENGINE_STATS_VERSION = 2
 MAX_BUCKETS = 64
 MAX_UNUSED = 64
+MAX_PARTITIONS = 256
 
 
 class EngineConfig(ctypes.Structure):
@@ -37,6 +38,8 @@ class EngineConfig(ctypes.Structure):
         ("find_unused_parameters", ctypes.c_int),
         ("stream", ctypes.c_void_p),
         ("trace_file", ctypes.c_char_p),
+        ("partition_bytes", ctypes.c_int64),
+        ("overlap_forward", ctypes.c_int),
     ]
 
 
@@ -45,6 +48,20 @@ class BucketStats(ctypes.Structure):
         ("first_param", ctypes.c_int),
         ("num_params", ctypes.c_int),
         ("bytes", ctypes.c_uint64),
+        ("ready_us", ctypes.c_double),
+        ("start_us", ctypes.c_double),
+        ("done_us", ctypes.c_double),
+    ]
+
+
+class PartitionStats(ctypes.Structure):
+    _fields_ = [
+        ("bucket", ctypes.c_int),
+        ("priority", ctypes.c_int),
+        ("first_param", ctypes.c_int),
+        ("num_params", ctypes.c_int),
+        ("bytes", ctypes.c_uint64),
+        ("wire_order", ctypes.c_int),
         ("ready_us", ctypes.c_double),
         ("start_us", ctypes.c_double),
         ("done_us", ctypes.c_double),
@@ -70,6 +87,12 @@ class EngineStats(ctypes.Structure):
         ("unused", ctypes.c_int * MAX_UNUSED),
         ("num_bucket_stats", ctypes.c_int),
         ("buckets", BucketStats * MAX_BUCKETS),
+        ("num_partitions", ctypes.c_int),
+        ("rounds", ctypes.c_uint64),
+        ("round_us", ctypes.c_double),
+        ("forward_wait_us", ctypes.c_double),
+        ("num_partition_stats", ctypes.c_int),
+        ("partitions", PartitionStats * MAX_PARTITIONS),
     ]
 
 
@@ -93,6 +116,8 @@ def _bind():
         "comm_engine_grad_ready": [c_engine, i, p],
         "comm_engine_grad_view": [c_engine, i, ctypes.POINTER(p)],
         "comm_engine_end": [c_engine],
+        "comm_engine_wait": [c_engine, i],
+        "comm_engine_set_priority": [c_engine, i, i],
         "comm_engine_stats": [c_engine, ctypes.POINTER(EngineStats)],
         "comm_engine_unused": [c_engine, ctypes.POINTER(i), i, ctypes.POINTER(i)],
         "comm_engine_destroy": [c_engine],
@@ -113,7 +138,8 @@ class Engine:
 
     def __init__(self, comm, *, bucket_cap_bytes=None, first_bucket_bytes=None, op=None,
                  wire_dtype=None, gradient_as_bucket_view=None, static_graph=None,
-                 find_unused_parameters=None, trace_file=None, stream=None):
+                 find_unused_parameters=None, trace_file=None, stream=None,
+                 partition_bytes=None, overlap_forward=None):
         """stream: device gradients produced on that CUDA stream (a cudaStream_t address, or an
         object with .cuda_stream such as torch.cuda.Stream); pass their device addresses (ints)
         to grad_ready. end() then makes that stream wait for the reduced gradients (comm.h)."""
@@ -130,7 +156,8 @@ class Engine:
             COMM_UNSET if op is None else op_code(op),
             COMM_UNSET if wire_dtype is None else dtype_code(wire_dtype),
             _flag(gradient_as_bucket_view), _flag(static_graph), _flag(find_unused_parameters),
-            stream or None, None if trace_file is None else str(trace_file).encode())
+            stream or None, None if trace_file is None else str(trace_file).encode(),
+            COMM_UNSET if partition_bytes is None else int(partition_bytes), _flag(overlap_forward))
         self.comm = comm
         self.rank = comm.rank
         self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
@@ -139,7 +166,8 @@ class Engine:
               f"comm_engine_create (rank {self.rank})")
         self._handle = handle.value
         self.num_params = 0
-        self._held = {}  # arrays handed to grad_ready in this step, alive until end()
+        self._held = {}  # arrays handed to grad_ready in this step, alive until end() / next begin()
+        self.overlap_forward = bool(overlap_forward)
 
     def _live(self):
         if self._handle is None:
@@ -157,12 +185,18 @@ class Engine:
         self.num_params += 1
         return index.value
 
+    def set_priority(self, index, priority):
+        """Before finalize: lower = needed sooner by the next forward (default: the index)."""
+        check(lib.comm_engine_set_priority(self._live(), int(index), int(priority)),
+              f"comm_engine_set_priority (rank {self.rank}, gradient {index})")
+
     def finalize(self):
         check(lib.comm_engine_finalize(self._live()), f"comm_engine_finalize (rank {self.rank})")
 
     def begin(self, sync=True):
         check(lib.comm_engine_begin(self._live(), 1 if sync else 0),
               f"comm_engine_begin (rank {self.rank})")
+        self._held = {}  # overlap_forward: the last step's partitions are done now
 
     def grad_ready(self, index, grad=None):
         """Gradient `index` is final for this step. grad: its current storage (an address, a
@@ -189,7 +223,14 @@ class Engine:
         try:
             check(lib.comm_engine_end(self._live()), f"comm_engine_end (rank {self.rank})")
         finally:
-            self._held = {}
+            if not self.overlap_forward:  # else the comm thread still writes into them
+                self._held = {}
+
+    def wait(self, index):
+        """Until gradient `index` holds this step's reduced value (overlap_forward)."""
+        status = lib.comm_engine_wait(self._live(), int(index))
+        if status:
+            check(status, f"comm_engine_wait (rank {self.rank}, gradient {index})")
 
     def stats(self):
         """The last synced step's numbers as a dict (times in microseconds from its begin)."""
@@ -198,10 +239,13 @@ class Engine:
         check(lib.comm_engine_stats(self._live(), ctypes.byref(s)),
               f"comm_engine_stats (rank {self.rank})")
         out = {name: getattr(s, name) for name, _ in EngineStats._fields_
-               if name not in ("size", "version", "unused", "buckets", "num_bucket_stats")}
+               if name not in ("size", "version", "unused", "buckets", "num_bucket_stats",
+                               "partitions", "num_partition_stats")}
         out["unused"] = list(s.unused[: min(s.num_unused, MAX_UNUSED)])
         out["buckets"] = [{name: getattr(b, name) for name, _ in BucketStats._fields_}
                           for b in s.buckets[: s.num_bucket_stats]]
+        out["partitions"] = [{name: getattr(p, name) for name, _ in PartitionStats._fields_}
+                             for p in s.partitions[: s.num_partition_stats]]
         return out
 
     def unused(self):

@@ -19,9 +19,19 @@ What it does, as torch's own DDP does it:
 - find_unused_parameters: parameters without a gradient in this backward are reported with
   their current gradient or zeros (DDP's rule); an all-reduced used-map tells which were unused
   on every rank, and those keep grad None, as with torch's DDP.
+- overlap_forward (ByteScheduler's scheduled optimizer): `opt = model.overlap_optimizer(opt)`;
+  backward returns once every gradient is reported, `opt.step()` returns at once, and each
+  module's parameters are updated in a forward pre-hook of that module just after their reduced
+  gradients arrive (the engine sends the first layers' partitions first), so the next forward
+  starts while the last layers are still on the wire. `opt.zero_grad()` is deferred the same way.
+  Elementwise optimizers (SGD, momentum, Adam, AdamW) give the parameters a plain step gives;
+  global-norm clipping (torch.nn.utils.clip_grad_norm_) while gradients are in flight is refused.
+  A parameter used in forward by another module than the one that owns it (tied weights used
+  before their owner runs) would be read before its update: keep overlap_forward off for those.
 """
 
 import ctypes
+import weakref
 
 import numpy as np
 import torch
@@ -45,7 +55,7 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module, comm=None, *, bucket_cap_mb=25, first_bucket_mb=None,
                  gradient_as_bucket_view=False, find_unused_parameters=False,
                  static_graph=False, broadcast_buffers=True, wire_dtype=None, trace_file=None,
-                 engine_factory=Engine):
+                 engine_factory=Engine, overlap_forward=False, partition_mb=None):
         super().__init__()
         self.module = module
         self._owns_comm = comm is None
@@ -76,7 +86,11 @@ class DistributedDataParallel(torch.nn.Module):
             first_bucket_bytes=None if first_bucket_mb is None else int(first_bucket_mb * (1 << 20)),
             gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph,
             find_unused_parameters=find_unused_parameters, wire_dtype=wire_dtype,
-            trace_file=trace_file)
+            trace_file=trace_file, **({"overlap_forward": True} if overlap_forward else {}),
+            **({} if partition_mb is None else {"partition_bytes": int(partition_mb * (1 << 20))}))
+        self.overlap_forward = bool(overlap_forward)
+        self._overlapped = None               # the _OverlappedOptimizer, once made
+        self._in_flight = False               # overlap_forward: this step's gradients still arriving
         for p in self._params:
             self.engine.register(p.numel(), p.dtype)
         self.engine.finalize()
@@ -167,6 +181,9 @@ class DistributedDataParallel(torch.nn.Module):
         return hook
 
     def _begin_backward(self):
+        if self._overlapped is not None:
+            self._overlapped.flush()  # what forward did not reach (the engine drains too)
+        self._in_flight = False
         sync = self.require_backward_grad_sync if self._pending_sync is None else self._pending_sync
         self._pending_sync = None
         self._step_sync = sync
@@ -181,6 +198,13 @@ class DistributedDataParallel(torch.nn.Module):
         if self._step_sync and self.find_unused_parameters:
             created = self._report_unused()
         self.engine.end()
+        if self.overlap_forward and self._step_sync:
+            if self._overlapped is None:
+                # No overlapped optimizer: the caller reads gradients after backward, as usual.
+                for i in range(len(self._params)):
+                    self.engine.wait(i)
+            else:
+                self._in_flight = True
         if self._step_sync:
             if self.find_unused_parameters:
                 for i in created:
@@ -232,9 +256,21 @@ class DistributedDataParallel(torch.nn.Module):
     def stats(self):
         return self.engine.stats()
 
+    def overlap_optimizer(self, optimizer):
+        """The optimizer, deferred per module (overlap_forward=True): see the module docstring."""
+        if not self.overlap_forward:
+            raise ValueError("libcomm DDP: overlap_optimizer needs DistributedDataParallel(..., "
+                             "overlap_forward=True)")
+        if self._overlapped is not None:
+            raise ValueError("libcomm DDP: overlap_optimizer was already called for this model")
+        self._overlapped = _OverlappedOptimizer(self, optimizer)
+        return self._overlapped
+
     def close(self):
         """Frees the engine and the wrapper's communicator (and the one it made, if any)."""
         if self.engine is not None:
+            if self._overlapped is not None:
+                self._overlapped.flush()
             if self.gradient_as_bucket_view:
                 for p, view in zip(self._params, self._views):
                     if p.grad is not None and view is not None and p.grad.data_ptr() == view.data_ptr():
@@ -252,3 +288,138 @@ class DistributedDataParallel(torch.nn.Module):
             pass
 
 
+
+
+_live_overlapped = weakref.WeakSet()
+
+
+class _OverlappedOptimizer:
+    """An optimizer whose step() is applied per module, in that module's forward pre-hook, once
+    the module's reduced gradients are in (engine.wait). Every other attribute is the optimizer's."""
+
+    def __init__(self, ddp, optimizer):
+        self._ddp = ddp
+        self.optimizer = optimizer
+        self._index = {id(p): i for i, p in enumerate(ddp._params)}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in self._index:
+                    raise ValueError("libcomm DDP: overlap_optimizer: the optimizer holds a parameter the "
+                                     "model does not (or one without requires_grad)")
+        self._owed = {}        # id(p) -> p: stepped by the optimizer, update not applied yet
+        self._zero_owed = None  # None, or set_to_none of a deferred zero_grad
+        self._hooks = []
+        seen = set()
+        for module in ddp.module.modules():
+            mine = [p for p in module.parameters(recurse=False) if id(p) in self._index and id(p) not in seen]
+            seen.update(id(p) for p in mine)
+            if mine:
+                self._hooks.append(module.register_forward_pre_hook(self._make_pre_hook(mine)))
+        _live_overlapped.add(self)
+        _patch_clip_grad_norm()
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
+
+    def _make_pre_hook(self, params):
+        def pre_hook(*_unused):
+            if self._owed:
+                self._apply([p for p in params if id(p) in self._owed])
+        return pre_hook
+
+    def _apply(self, params):
+        """Waits for these parameters' gradients, runs the optimizer on them alone, and the
+        deferred zero_grad after."""
+        if not params:
+            return
+        for p in params:
+            self._ddp.engine.wait(self._index[id(p)])
+        chosen = {id(p) for p in params}
+        saved = [g["params"] for g in self.optimizer.param_groups]
+        try:
+            for g in self.optimizer.param_groups:
+                g["params"] = [p for p in g["params"] if id(p) in chosen]
+            self.optimizer.step()
+        finally:
+            for g, ps in zip(self.optimizer.param_groups, saved):
+                g["params"] = ps
+        for p in params:
+            del self._owed[id(p)]
+            if self._zero_owed is not None:
+                _zero(p, self._zero_owed)
+        if not self._owed:
+            self._zero_owed = None
+            self._ddp._in_flight = False
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("libcomm DDP: an overlapped optimizer's step() takes no closure (it runs "
+                             "per module, in the next forward)")
+        self.flush()  # a step not followed by a forward yet: apply it first
+        for g in self.optimizer.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    self._owed[id(p)] = p
+
+    def zero_grad(self, set_to_none=False):
+        later = set(self._owed)
+        for g in self.optimizer.param_groups:
+            for p in g["params"]:
+                if id(p) not in later:
+                    _zero(p, set_to_none)
+        if later:
+            self._zero_owed = set_to_none
+
+    def flush(self):
+        """Applies every owed update now (before saving, evaluating, or the next backward)."""
+        if self._owed:
+            self._apply(list(self._owed.values()))
+        self._ddp._in_flight = False
+
+    def state_dict(self):
+        self.flush()
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.flush()
+        self.optimizer.load_state_dict(state)
+
+
+def _zero(p, set_to_none):
+    """What torch's Optimizer.zero_grad does to one parameter."""
+    if p.grad is None:
+        return
+    if set_to_none:
+        p.grad = None
+    else:
+        if p.grad.grad_fn is not None:
+            p.grad.detach_()
+        else:
+            p.grad.requires_grad_(False)
+        p.grad.zero_()
+
+
+_clip_patched = False
+
+
+def _patch_clip_grad_norm():
+    """Global-norm clipping needs every gradient: refuse it while an overlapped step is in flight."""
+    global _clip_patched
+    if _clip_patched:
+        return
+    _clip_patched = True
+    original = torch.nn.utils.clip_grad_norm_
+
+    def clip_grad_norm_(parameters, *args, **kwargs):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        ids = {id(p) for p in params}
+        for opt in list(_live_overlapped):
+            if opt._ddp._in_flight and ids & set(opt._index):
+                raise RuntimeError(
+                    "libcomm DDP overlap_forward: clip_grad_norm_ needs every reduced gradient, but this step's "
+                    "gradients are still arriving (they are applied per layer in the next forward); use "
+                    "overlap_forward=False to clip by the global norm")
+        return original(params, *args, **kwargs)
+
+    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_

@@ -36,6 +36,7 @@ int main(void) {
     return 1;
   }
   if (check(comm_destroy(comm), "comm_destroy")) return 1;
-  printf("c11_consumer: ok (%s, ABI %d.%d)\n", comm_status_string(COMM_OK), major, minor);
+  printf("c11_consumer: ok (%s, ABI %d.%d, libcomm %s)\n", comm_status_string(COMM_OK), major, minor,
+         comm_get_version_string());
   return 0;
 }

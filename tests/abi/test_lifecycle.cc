@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -115,6 +116,17 @@ TEST_CASE("comm_get_version reports the header's ABI version", "[lifecycle]") {
   CHECK(comm_get_version(&major, &minor) == COMM_OK);
   CHECK(major == COMM_ABI_VERSION_MAJOR);
   CHECK(minor == COMM_ABI_VERSION_MINOR);
+}
+
+TEST_CASE("comm_get_version_string gives meson's release and the git commit", "[lifecycle]") {
+  const char* text = comm_get_version_string();
+  REQUIRE(text != nullptr);
+  const std::string v = text;
+  INFO(v);
+  CHECK(v.rfind(std::string(ABI_PROJECT_VERSION) + " (git ", 0) == 0);  // "1.0.0 (git 868ddb39b8cc)"
+  CHECK(v.back() == ')');
+  CHECK(v.size() > std::strlen(ABI_PROJECT_VERSION) + 8);  // a commit, or "unknown", between the brackets
+  CHECK(std::string(comm_get_version_string()) == v);      // static: the same text every time
 }
 
 TEST_CASE("comm_last_error is the calling thread's own, \"\" when nothing failed, whatever handle is passed",

@@ -51,7 +51,7 @@ exports=$(nm -D --defined-only "$so" | awk '{print $NF}' | sed 's/@.*//')
 [ -n "$exports" ] || fail "nm found no exported symbols"
 others=$(printf '%s\n' "$exports" | grep -v -e '^comm_' -e '^LIBCOMM_' || true)
 [ -z "$others" ] || fail "exported symbols other than comm_*: $(echo $others)"
-for f in comm_init comm_allreduce comm_iallreduce comm_group_start comm_last_error comm_split; do
+for f in comm_init comm_allreduce comm_iallreduce comm_group_start comm_last_error comm_split comm_get_version_string; do
   printf '%s\n' "$exports" | grep -qx "$f" || fail "$f is not exported"
 done
 echo "# $(printf '%s\n' "$exports" | grep -c '^comm_') comm_* symbols, nothing else"
@@ -59,4 +59,24 @@ echo "# $(printf '%s\n' "$exports" | grep -c '^comm_') comm_* symbols, nothing e
 soname=$(readelf -d "$so" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
 [ "$soname" = "libcomm.so.1" ] || fail "SONAME is '$soname', expected libcomm.so.1"
 echo "# SONAME $soname"
+
+# UCX and libibverbs are opened with dlopen when wanted, so libcomm.so.1 loads on hosts without
+# them (transports/ucx/ucx_library.cc, topology/probe_ibverbs.cc).
+needed=$(readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p' | tr '\n' ' ')
+echo "# NEEDED: $needed"
+for lib in libucp libucs libuct libucm libibverbs; do
+  case " $needed" in *" $lib"*) fail "libcomm.so.1 links $lib: it must be opened with dlopen";; esac
+done
+
+# nccl-tests' names (all_reduce_perf, ...) would shadow a real nccl-tests on PATH: installed only
+# with -Dperf_aliases=true (the build tree always has them).
+bench=$(find "$tmp" -path '*/bin/comm-bench' | head -n 1)
+[ -n "$bench" ] || fail "comm-bench is not installed"
+if [ "${ABI_PERF_ALIASES:-false}" = true ]; then
+  [ -e "$(dirname "$bench")/all_reduce_perf" ] || fail "-Dperf_aliases=true but all_reduce_perf is not installed"
+else
+  [ ! -e "$(dirname "$bench")/all_reduce_perf" ] || fail "all_reduce_perf installed into bindir without -Dperf_aliases=true"
+fi
+echo "# $("$bench" --version)"
+find "$tmp" -path '*/doc/libcomm/LICENSE' | grep -q . || fail "LICENSE is not installed under share/doc/libcomm"
 echo "ok"

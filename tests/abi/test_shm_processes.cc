@@ -104,6 +104,23 @@ TEST_CASE("ucx processes: 2 hosts x 2 ranks on InfiniBand hosts (COMM_TOPO_XML):
                                      "-> ucx (topology plan: InfiniBand/RoCE HCA(s)", "-> shm (topology plan: same host"});
 }
 
+TEST_CASE("shm processes: 2 hosts x 2 ranks on InfiniBand hosts with UCX and libibverbs unloadable "
+          "(COMM_UCX_LIBRARY, COMM_IBVERBS_LIBRARY=/nonexistent): libcomm still loads, the plan falls back to sockets "
+          "between hosts and INFO says why",
+          "[shm_process]") {
+  TempDir dir;
+  const std::string topo = std::string(ABI_SOURCE_ROOT) + "/tests/fixtures/nccl-topo/ndv4-topo.xml";
+  const Job job = two_hosts_of_two(dir, {{"COMM_TOPO_XML", topo}, {"COMM_UCX_LIBRARY", "/nonexistent/libucp.so.0"},
+                                         {"COMM_IBVERBS_LIBRARY", "/nonexistent/libibverbs.so.1"},
+                                         {"COMM_DEBUG", "INFO"}, {"COMM_DEBUG_SUBSYS", "NET,INIT"}});
+  INFO(describe_all(job.procs));
+  check_outputs_contain(job.procs, {"transport shm+socket",
+                                     "UCX library not loadable: dlopen(/nonexistent/libucp.so.0) (COMM_UCX_LIBRARY) "
+                                     "failed",
+                                     "the UCX transport is off, hosts talk over sockets",
+                                     "-> socket (topology plan: InfiniBand/RoCE HCA(s)", "UCX is not available here"});
+}
+
 TEST_CASE("shm processes: COMM_TRANSPORT=shm with ranks on two hosts fails init on every rank with "
           "COMM_ERR_UNAVAILABLE saying why",
           "[shm_process]") {

@@ -127,6 +127,96 @@ class TableParsesAsNcclTests(unittest.TestCase):
         self.assertIn("no_such_algo", done.stderr)
 
 
+VERSION = r"\(libcomm \d+\.\d+\.\d+ \(git ([0-9a-f]{7,}(-dirty)?|unknown)\)\)"
+
+
+class SpeaksNcclTestsFlags(unittest.TestCase):
+    """nccl-tests' flags with nccl-tests' meanings, read back through the nccl-tests log parser."""
+
+    def test_every_nccl_tests_flag_runs_and_shows_in_the_log(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            j = os.path.join(tmp, "r.json")
+            env = dict(ENV, NCCL_DEBUG="WARN", COMM_AUTH_TOKEN="s3cret")
+            done = run(2, "-b", "1K", "-e", "4K", "-f", "2", "-n", "2", "-w", "1", "-m", "3", "-N", "2", "-C", "1",
+                       "-p", "0", "-y", "0", "-T", "30", "-S", "1", "-M", "1", "-R", "2", "-a", "1", "-G", "0",
+                       "-t", "1", "-g", "1", "-J", j, env=env)
+            parsed = nccl_log.parse(done.stdout)
+            self.assertEqual(parsed["config"]["agg"], 3, done.stdout)      # -m
+            self.assertEqual(parsed["config"]["graph"], 0, done.stdout)    # -G: launches, not buffers
+            self.assertEqual(parsed["config"]["ngpus"], 0, done.stdout)    # host buffers
+            self.assertEqual(len(parsed["rows"]), 3 * 2, done.stdout)      # -N 2: the sweep twice
+            self.assertTrue(all(r["timestamp"] for r in parsed["rows"]), done.stdout)  # -S 1
+            self.assertTrue(all((r["oop_wrong"], r["ip_wrong"]) == (0, 0) for r in parsed["rows"]))
+            self.assertIn("cputime", "\n".join(parsed["header"]))          # -C 1 names the column
+            self.assertIn("# Memory: buffers", done.stdout)                # -M 1
+            self.assertIn("library-allocated", done.stdout)                # -R 2
+            self.assertRegex(nccl_log.header_value(parsed, "version"), r"^libcomm \d+\.\d+\.\d+ \(git ")
+            with open(j) as f:  # -J: the --json record
+                data = json.load(f)
+            self.assertEqual(data["format"], "comm-bench/1")
+            self.assertEqual([r["size"] for r in data["rows"]], [r["size"] for r in parsed["rows"]])
+            self.assertEqual((data["agg_iters"], data["run_cycles"], data["cputime"], data["timeout_s"]),
+                             (3, 2, True, 30))
+            self.assertRegex(data["version"], r"^\d+\.\d+\.\d+ \(git ")
+            self.assertTrue(data["commit"] and data["commit"] in data["version"])
+            self.assertEqual(data["host"], os.uname().nodename)
+            self.assertEqual(data["nranks"], 2)
+            self.assertEqual(data["environment"]["COMM_TIMEOUT_MS"], "60000")
+            self.assertEqual(data["environment"]["NCCL_DEBUG"], "WARN")
+            self.assertNotIn("s3cret", json.dumps(data))  # a token is named, never recorded
+            self.assertIn("COMM_AUTH_TOKEN", data["environment"])
+
+    def test_cuda_graphs_are_refused_with_the_reason(self):
+        for args in (["-G", "1"], ["-G", "5", "--device", "1"], ["--cudagraph", "2"]):
+            with self.subTest(args=args):
+                done = subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=30)
+                self.assertEqual(done.returncode, 2, done.stderr)
+                self.assertIn("CUDA graphs are not supported", done.stderr)
+                self.assertIn("-G 0", done.stderr)
+                self.assertEqual(done.stdout, "")
+
+    def test_more_gpus_or_threads_per_process_point_to_the_launcher(self):
+        for flag in ("-g", "-t"):
+            with self.subTest(flag=flag):
+                done = subprocess.run([BENCH, flag, "4"], capture_output=True, text=True, timeout=30)
+                self.assertEqual(done.returncode, 2, done.stderr)
+                self.assertIn("one GPU per process: launch 4 ranks with comm-run -n 4 / torchrun", done.stderr)
+
+    def test_output_paths_are_checked_before_the_sweep(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for flag, path, why in (("--json", "/nonexistent-dir/r.json", "No such file or directory (errno 2)"),
+                                    ("-J", "/nonexistent-dir/r.json", "No such file or directory (errno 2)"),
+                                    ("--csv", tmp, "Is a directory (errno 21)")):
+                with self.subTest(flag=flag):
+                    done = run(2, flag, path, "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", expect=2)
+                    self.assertIn(path, done.stderr)
+                    self.assertIn(why, done.stderr)
+                    self.assertEqual(nccl_log.parse(done.stdout, strict=False)["rows"], [], done.stdout)
+
+    def test_a_bad_flag_is_one_line_pointing_to_help(self):
+        for args in (["--no-such-flag"], ["-x"], ["-b"]):
+            with self.subTest(args=args):
+                done = subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=30)
+                self.assertEqual(done.returncode, 2)
+                self.assertEqual(len(done.stderr.splitlines()), 1, done.stderr)
+                self.assertIn("see --help", done.stderr)
+
+    def test_version_on_every_cli(self):
+        tools = {"comm-bench": [BENCH], "comm-run": [COMM_RUN],
+                 "comm-topo": [os.path.join(BUILD, "tools", "comm-topo", "comm-topo")],
+                 "comm-tune": ["/usr/bin/python3", os.path.join(SOURCE, "tools", "comm-tune", "comm-tune")]}
+        for name, cmd in tools.items():
+            with self.subTest(tool=name):
+                done = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=60)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertRegex(done.stdout.strip(), "^" + name + " " + VERSION + "$")
+        for name in ("comm-run", "comm-topo"):
+            with self.subTest(bad_flag=name):
+                done = subprocess.run([*tools[name], "--no-such-flag"], capture_output=True, text=True, timeout=30)
+                self.assertEqual(done.returncode, 2)
+                self.assertEqual(done.stderr.splitlines(), [f"{name}: unknown option '--no-such-flag'; see --help"])
+
+
 class PeersPrintTheSameTable(unittest.TestCase):
     """The Gloo and Open MPI programs (built when their packages are present) run the same engine."""
 

@@ -49,12 +49,12 @@ else
 fi
 fake=$build/tests/device/libfake_cudart.so
 if [ -f "$fake" ]; then
-  # comm-bench -G 1 over a CUDA runtime without a GPU: the staged path, checked rows (#wrong 0).
-  out=$(COMM_TIMEOUT_MS=20000 COMM_CUDA_LIBRARY=$fake timeout 60 "$run" -n 2 --bind none -- "$bench" -G 1 -b 8 -e 1M -f 32 -n 2 -w 1 -c 1 2>&1)
+  # comm-bench --device 1 over a CUDA runtime without a GPU: the staged path, checked rows (#wrong 0).
+  out=$(COMM_TIMEOUT_MS=20000 COMM_CUDA_LIBRARY=$fake timeout 60 "$run" -n 2 --bind none -- "$bench" --device 1 -b 8 -e 1M -f 32 -n 2 -w 1 -c 1 2>&1)
   rows=$(printf '%s\n' "$out" | grep -Ec '^\[0\] +[0-9]+ +[0-9]+ +float +sum +-1 .* 0$')
-  check "comm-bench -G 1 (fake CUDA runtime): staged, 4 rows checked with #wrong 0 ($rows)" \
+  check "comm-bench --device 1 (fake CUDA runtime): staged, 4 rows checked with #wrong 0 ($rows)" \
     '[ "$rows" = 4 ] && printf "%s" "$out" | grep -q "staged through pinned host memory"'
 fi
-out=$(COMM_CUDA_LIBRARY=/nonexistent/libcudart.so.13 timeout 60 "$run" -n 1 --bind none -- "$bench" -G 1 -b 8 -e 8 2>&1)
-check "comm-bench -G 1 without CUDA says why" 'printf "%s" "$out" | grep -q "CUDA runtime library not found\|without the CUDA"' 
+out=$(COMM_CUDA_LIBRARY=/nonexistent/libcudart.so.13 timeout 60 "$run" -n 1 --bind none -- "$bench" --device 1 -b 8 -e 8 2>&1)
+check "comm-bench --device 1 without CUDA says why" 'printf "%s" "$out" | grep -q "CUDA runtime library not found\|without the CUDA"' 
 exit $fail

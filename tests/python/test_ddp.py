@@ -193,6 +193,48 @@ def unused_parameter_without_find_unused_is_an_error(comm):
             ours.close()
 
 
+@case
+def overlap_forward_matches_torch_ddp(comm):
+    """The deferred optimizer (updates in each module's forward pre-hook) against torch's DDP
+    with a plain step: 20 steps of SGD with momentum and of AdamW, partitions that split the
+    layers; then global-norm clipping while gradients are in flight is refused."""
+    if "engine" not in USE:
+        return
+    gloo(comm)
+    for name in ("sgd", "adamw"):
+        def make(params):
+            if name == "sgd":
+                return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-3)
+            return torch.optim.AdamW(params, lr=1e-2, weight_decay=1e-2)
+        a, b = twin_models(comm)
+        theirs = TorchDDP(a)
+        ours = DistributedDataParallel(b, comm, overlap_forward=True, partition_mb=0.001,
+                                       bucket_cap_mb=0.005, first_bucket_mb=0.002)
+        opt_a = make(theirs.parameters())
+        opt_b = ours.overlap_optimizer(make(ours.parameters()))
+        try:
+            for step in range(20):
+                x, y = batch(comm, step)
+                for model, opt in ((theirs, opt_a), (ours, opt_b)):
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x, comm.rank), y).backward()
+                    opt.step()
+            opt_b.flush()
+            compare_params(theirs, ours, f"overlap_forward {name} after 20 steps")
+            identical_on_every_rank(comm, ours.module, f"overlap_forward {name}")
+            s = ours.stats()
+            assert s["num_partitions"] > s["num_buckets"], f"no parameter was split: {s['num_partitions']} partitions"
+            x, y = batch(comm, 99)
+            ours(x, comm.rank).sum().backward()
+            e = expect_raises(RuntimeError, lambda: torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0))
+            assert "clip_grad_norm_" in str(e), e
+            opt_b.step()
+            opt_b.flush()
+            torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)  # nothing in flight: allowed
+        finally:
+            ours.close()
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     main()

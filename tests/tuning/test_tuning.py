@@ -227,7 +227,7 @@ if FAKES:
         env.update({"COMM_TUNING_FILE": path, "COMM_TIMEOUT_MS": "20000", "COMM_DEBUG": "INFO",
                     "COMM_DEBUG_SUBSYS": "ENV", "COMM_CUDA_LIBRARY": FAKES[0], "COMM_NCCL_LIBRARY": FAKES[1],
                     "FAKE_NCCL_REPORT_ENV": "1"}, **(extra_env or {}))
-        p = subprocess.run([RUN, "-n", "1", "--bind", "none", "--", BENCH, "--transport", "nccl", "-G", "1", "-b", "8",
+        p = subprocess.run([RUN, "-n", "1", "--bind", "none", "--", BENCH, "--transport", "nccl", "--device", "1", "-b", "8",
                             "-e", "8", "-n", "1", "-w", "0"], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=120)
         return p.returncode, p.stdout

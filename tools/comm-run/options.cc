@@ -5,6 +5,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "version.h"
 
 namespace comm_run {
 
@@ -28,6 +31,7 @@ void usage(FILE* out) {
       "                       rank-0-only output such as comm-bench's table parseable\n"
       "  --no-prefix          no prefixes; the ranks write straight to comm-run's stdout/stderr\n"
       "  --params             print libcomm's parameters (environment variables) and exit\n"
+      "  --version            libcomm's release and git commit\n"
       "  -h, --help           this text\n"
       "\n"
       "Output: by default, with N > 1 every line of stdout and stderr is prefixed with \"[rank] \"\n"
@@ -45,6 +49,12 @@ void usage(FILE* out) {
 
 namespace {
 
+// The option getopt refused: "-x" for a short one (optopt), else the argument itself (a long one).
+std::string bad_option(char** argv) {
+  if (optopt != 0) return std::string("-") + static_cast<char>(optopt);
+  return argv[optind - 1];
+}
+
 bool parse_number(const char* text, double min, double max, double* out) {
   char* end = nullptr;
   errno = 0;
@@ -57,7 +67,7 @@ bool parse_number(const char* text, double min, double max, double* out) {
 }  // namespace
 
 int parse_options(int argc, char** argv, Options* opt) {
-  enum { kBind = 256, kTimeout, kGrace, kPrefix, kQuiet, kNoPrefix, kParams };
+  enum { kBind = 256, kTimeout, kGrace, kPrefix, kQuiet, kNoPrefix, kParams, kVersion };
   const option longopts[] = {
       {"nproc", required_argument, nullptr, 'n'},
       {"nproc-per-node", required_argument, nullptr, 'n'},
@@ -68,12 +78,15 @@ int parse_options(int argc, char** argv, Options* opt) {
       {"quiet-prefix", no_argument, nullptr, kQuiet},
       {"no-prefix", no_argument, nullptr, kNoPrefix},
       {"params", no_argument, nullptr, kParams},
+      {"version", no_argument, nullptr, kVersion},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
-  // '+': stop at the first non-option, so PROGRAM's own options are left alone.
+  // '+': stop at the first non-option, so PROGRAM's own options are left alone. ':' and opterr 0:
+  // a bad option gets one line of ours, not getopt's and the whole usage.
+  opterr = 0;
   for (;;) {
-    int c = getopt_long(argc, argv, "+n:h", longopts, nullptr);
+    int c = getopt_long(argc, argv, "+:n:h", longopts, nullptr);
     if (c == -1) break;
     double v = 0;
     switch (c) {
@@ -110,8 +123,10 @@ int parse_options(int argc, char** argv, Options* opt) {
       case kQuiet: opt->prefix = Prefix::kQuiet; break;
       case kNoPrefix: opt->prefix = Prefix::kNone; break;
       case kParams: opt->print_params = true; break;
+      case kVersion: std::printf("comm-run (libcomm %s)\n", comm::version::text()); return 0;
       case 'h': usage(stdout); return 0;
-      default: usage(stderr); return 2;
+      case ':': std::fprintf(stderr, "comm-run: %s needs a value; see --help\n", argv[optind - 1]); return 2;
+      default: std::fprintf(stderr, "comm-run: unknown option '%s'; see --help\n", bad_option(argv).c_str()); return 2;
     }
   }
   if (opt->print_params) return -1;

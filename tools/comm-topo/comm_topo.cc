@@ -18,6 +18,7 @@
 #include "policy.h"
 #include "probe.h"
 #include "process_plan.h"
+#include "version.h"
 
 namespace topo = comm::topology;
 
@@ -32,6 +33,12 @@ struct Options {
   double rtt_us = -1;    // a rendezvous round trip to plan with; -1: none
 };
 
+// The option getopt refused: "-x" for a short one (optopt), else the argument itself (a long one).
+std::string bad_option(char** argv) {
+  if (optopt != 0) return std::string("-") + static_cast<char>(optopt);
+  return argv[optind - 1];
+}
+
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: comm-topo [--topology FILE] [--json | --explain] [--local-rank N] [--rtt-us US] [--params]\n"
@@ -40,16 +47,19 @@ void usage(FILE* out) {
                "  --explain        also print every decision with the rule that made it\n"
                "  --local-rank N   plan as local rank N (its GPU, its nearest interface); default LOCAL_RANK\n"
                "  --rtt-us US      plan with this rendezvous round trip (long-haul links raise NCCL_IB_TIMEOUT)\n"
-               "  --params         print every environment variable libcomm reads, with defaults and docs\n");
+               "  --params         print every environment variable libcomm reads, with defaults and docs\n"
+               "  --version        libcomm's release and git commit\n");
 }
 
 int parse(int argc, char** argv, Options* o) {
   static const option long_opts[] = {{"json", no_argument, nullptr, 'j'},         {"explain", no_argument, nullptr, 'e'},
                                      {"topology", required_argument, nullptr, 't'}, {"local-rank", required_argument, nullptr, 'l'},
                                      {"rtt-us", required_argument, nullptr, 'r'},   {"params", no_argument, nullptr, 'p'},
+                                     {"version", no_argument, nullptr, 'V'},
                                      {"help", no_argument, nullptr, 'h'},           {nullptr, 0, nullptr, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "jet:l:r:ph", long_opts, nullptr)) != -1) {
+  opterr = 0;  // a bad option gets one line of ours, not getopt's and the whole usage
+  while ((c = getopt_long(argc, argv, ":jet:l:r:ph", long_opts, nullptr)) != -1) {
     char* end = nullptr;
     switch (c) {
       case 'j': o->json = true; break;
@@ -71,7 +81,9 @@ int parse(int argc, char** argv, Options* o) {
         }
         break;
       case 'h': usage(stdout); std::exit(0);
-      default: usage(stderr); return 2;
+      case 'V': std::printf("comm-topo (libcomm %s)\n", comm::version::text()); std::exit(0);
+      case ':': std::fprintf(stderr, "comm-topo: %s needs a value; see --help\n", argv[optind - 1]); return 2;
+      default: std::fprintf(stderr, "comm-topo: unknown option '%s'; see --help\n", bad_option(argv).c_str()); return 2;
     }
   }
   if (optind < argc) {

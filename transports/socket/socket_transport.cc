@@ -21,6 +21,10 @@ SocketTransport::SocketTransport(Options options, int nconns, std::unique_ptr<Me
     conns_[i].peer = static_cast<int>(i) / nconns_;
     conns_[i].index = static_cast<int>(i) % nconns_;
   }
+  pfds_.reserve(conns_.size() + 1);
+  pfd_conn_.reserve(conns_.size() + 1);
+  int64_t spin_us = 0;
+  if (params::get_int("COMM_SOCKET_SPIN_US", 0, 1000000, &spin_us).ok()) spin_ = std::chrono::microseconds(spin_us);
   for (auto& link : links) install(link);
 }
 
@@ -149,7 +153,7 @@ void SocketTransport::wake() {
 Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
   COMM_RETURN_IF_ERROR(usable());
   COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
-  ProgressClock clock(options_.timeout_ms, kSpin);
+  ProgressClock clock(options_.timeout_ms, spin_);
   for (;;) {
     bool all_done = true, some_done = false;
     for (size_t i = 0; i < n; ++i) {

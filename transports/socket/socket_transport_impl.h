@@ -23,7 +23,6 @@ namespace comm::transport::sock {
 
 constexpr uint32_t kPoolBits = 12;  // 4096 requests in flight at once
 constexpr uint64_t kHeaderBytes = sizeof(FrameHeader);
-constexpr auto kSpin = std::chrono::microseconds(50);  // then block: ranks may outnumber cores
 constexpr auto kNotifyBudget = std::chrono::milliseconds(100);
 constexpr size_t kMaxNotifyText = 512;
 
@@ -55,6 +54,10 @@ class SocketTransport final : public Transport {
  private:
   // wait() (all listed) and wait_some() (any listed, or woken) share one loop.
   Status drive(const RequestId* ids, size_t n, bool any);
+  // How long a wait polls without blocking after each progress (COMM_SOCKET_SPIN_US): a wake-up
+  // from poll() costs latency, but every microsecond spun is taken from a trainer computing on
+  // the same cores.
+  std::chrono::microseconds spin_{0};
   Status post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
   Status usable();
   Status fail(const Status& st) {

@@ -17,7 +17,7 @@
 namespace comm::transport::ucx {
 namespace {
 
-std::string ucs(ucs_status_t s) { return ucs_status_string(s); }
+std::string ucs(ucs_status_t s) { return ucx_library().ucs_status_string(s); }
 
 // At most 1 ms per block: UCX's event fd does not signal every step of a large transfer (with a
 // 100 ms cap, 8 MiB all-reduces over UCX's tcp took 84-132 ms; with 1 ms, 18-28 ms), and UCX
@@ -44,7 +44,7 @@ void UcxTransport::on_send(void* request, ucs_status_t status, void* user_data) 
   p->status = status;
   p->pending = false;
   p->ucp = nullptr;
-  ucp_request_free(request);
+  ucx_library().ucp_request_free(request);
   --p->owner->pool_[p->request].parts_left;
   ++p->owner->completions_;
 }
@@ -55,7 +55,7 @@ void UcxTransport::on_recv(void* request, ucs_status_t status, const ucp_tag_rec
   p->length = status == UCS_OK && info != nullptr ? info->length : 0;
   p->pending = false;
   p->ucp = nullptr;
-  ucp_request_free(request);
+  ucx_library().ucp_request_free(request);
   --p->owner->pool_[p->request].parts_left;
   ++p->owner->completions_;
 }
@@ -67,7 +67,7 @@ void UcxTransport::on_error_report(void* request, ucs_status_t status, const ucp
   p->length = status == UCS_OK && info != nullptr ? info->length : 0;
   p->pending = false;
   p->ucp = nullptr;
-  ucp_request_free(request);
+  ucx_library().ucp_request_free(request);
   if (status == UCS_OK) p->owner->report_arrived_ = true;
 }
 
@@ -99,12 +99,12 @@ Status UcxTransport::start(Part& part, bool is_send, ucp_ep_h ep, void* buf, siz
   void* req;
   if (is_send) {
     rp.cb.send = &UcxTransport::on_send;
-    req = ucp_tag_send_nbx(ep, buf, bytes, tag, &rp);
+    req = ucx_library().ucp_tag_send_nbx(ep, buf, bytes, tag, &rp);
   } else {
     // Receives always complete through the callback, which records the arrived length.
     rp.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     rp.cb.recv = &UcxTransport::on_recv;
-    req = ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp);
+    req = ucx_library().ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp);
   }
   if (req == nullptr || UCS_PTR_IS_ERR(req)) {  // done at once (small sends), or failed at once
     part.pending = false;
@@ -209,7 +209,7 @@ Status UcxTransport::check_pending(Request& r) {
   if (!peer.failed) return Status::Ok();
   // What the peer sent before it went may still be in UCX's queues: drain them first.
   for (int i = 0; i < 64 && r.parts_left > 0; ++i)
-    if (ucp_worker_progress(worker_) == 0) break;
+    if (ucx_library().ucp_worker_progress(worker_) == 0) break;
   if (r.parts_left == 0) return Status::Ok();
   return RemoteError("rank " + std::to_string(r.peer) + " failed (UCX: " + peer.reason + ") during " +
                      describe(r.tag) + " (did it exit or crash?)");
@@ -233,7 +233,7 @@ Status UcxTransport::block(int timeout_ms) {
     nanosleep(&ts, nullptr);
     return Status::Ok();
   }
-  ucs_status_t s = ucp_worker_arm(worker_);
+  ucs_status_t s = ucx_library().ucp_worker_arm(worker_);
   if (s == UCS_ERR_BUSY) return Status::Ok();  // events arrived meanwhile: progress again
   if (s != UCS_OK) return Internal(me() + ": UCX transport: ucp_worker_arm failed: " + ucs(s));
   pollfd fds[2] = {{worker_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -271,7 +271,7 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
     const Clock::time_point now = Clock::now();
     if (clock.expired(now)) return fail(Timeout(timeout_message(ids, n)));
     const uint64_t before = completions_;
-    const unsigned events = ucp_worker_progress(worker_);
+    const unsigned events = ucx_library().ucp_worker_progress(worker_);
     if (completions_ != before) {
       clock.moved();
       continue;
@@ -293,7 +293,7 @@ Status UcxTransport::test(RequestId id, bool* done) {
   uint32_t index;
   COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));
   Request& r = pool_[index];
-  if (r.parts_left > 0) ucp_worker_progress(worker_);
+  if (r.parts_left > 0) ucx_library().ucp_worker_progress(worker_);
   Status st = r.parts_left == 0 ? check(r) : check_pending(r);
   if (!st.ok()) return fail(st);
   if (r.parts_left > 0 && report_arrived_) return fail(peer_report());
@@ -348,7 +348,7 @@ void UcxTransport::notify_peers(const Status& failure) {
   for (Peer& p : peers_) {
     if (p.ep == nullptr || p.failed) continue;
     ucp_request_param_t rp{};
-    void* req = ucp_tag_send_nbx(p.ep, &outgoing_, total, kErrorBit | (static_cast<uint64_t>(rank()) << kRankShift), &rp);
+    void* req = ucx_library().ucp_tag_send_nbx(p.ep, &outgoing_, total, kErrorBit | (static_cast<uint64_t>(rank()) << kRankShift), &rp);
     if (UCS_PTR_IS_ERR(req)) continue;
     ++told;
     if (req != nullptr) sends.push_back(req);
@@ -356,8 +356,8 @@ void UcxTransport::notify_peers(const Status& failure) {
   // Best effort, bounded: a peer that does not progress does not hold this rank.
   const Deadline deadline(Clock::now() + kNotifyBudget);
   for (void* req : sends) {
-    while (ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucp_worker_progress(worker_);
-    ucp_request_free(req);  // UCX releases one still in flight once it completes
+    while (ucx_library().ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucx_library().ucp_worker_progress(worker_);
+    ucx_library().ucp_request_free(req);  // UCX releases one still in flight once it completes
   }
   COMM_INFO(kNet, "%s: told %d peer(s) over UCX that it failed: %s", me().c_str(), told, text.c_str());
   (void)fail(reason);

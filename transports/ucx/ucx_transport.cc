@@ -52,7 +52,7 @@ uint64_t job_key(const std::string& secret) {
   return fnv1a(secret) | 1;
 }
 
-std::string ucs(ucs_status_t s) { return ucs_status_string(s); }
+std::string ucs(ucs_status_t s) { return ucx_library().ucs_status_string(s); }
 
 std::string pid_namespace() {
   struct stat st {};
@@ -94,7 +94,7 @@ Status UcxTransport::setup() {
   std::string tls;
   if (const char* v = getenv("UCX_TLS")) tls = v;
   unsigned major = 0, minor = 0, release = 0;
-  ucp_get_version(&major, &minor, &release);
+  ucx_library().ucp_get_version(&major, &minor, &release);
   COMM_INFO(kNet, "%s: UCX %u.%u.%u, %d endpoints, UCX_TLS=%s, waits %s", me().c_str(), major, minor, release,
             size() - 1, tls.empty() ? "(UCX's choice)" : tls.c_str(),
             worker_fd_ >= 0 ? "block on the worker's event fd" : "nap");
@@ -106,14 +106,14 @@ Status UcxTransport::create_worker() {
   if (wake_fd_ < 0) return SystemError(me() + ": UCX transport: eventfd() failed: " + errno_string(errno));
 
   ucp_config_t* config = nullptr;  // UCX_* from the environment (UCX_TLS, UCX_NET_DEVICES, ...)
-  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  ucs_status_t s = ucx_library().ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return Unavailable(me() + ": UCX transport: ucp_config_read failed: " + ucs(s) + "; check UCX_* variables");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 0;
-  s = ucp_init(&params, config, &context_);
-  ucp_config_release(config);
+  s = ucx_library().ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &context_);
+  ucx_library().ucp_config_release(config);
   if (s != UCS_OK)
     return Unavailable(me() + ": UCX transport: ucp_init failed: " + ucs(s) +
                        " (no usable UCX transport here? check UCX_TLS and `ucx_info -d`)");
@@ -122,9 +122,9 @@ Status UcxTransport::create_worker() {
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // The application thread and the communicator's worker take turns, never at once.
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-  s = ucp_worker_create(context_, &wp, &worker_);
+  s = ucx_library().ucp_worker_create(context_, &wp, &worker_);
   if (s != UCS_OK) return Unavailable(me() + ": UCX transport: ucp_worker_create failed: " + ucs(s));
-  s = ucp_worker_get_efd(worker_, &worker_fd_);
+  s = ucx_library().ucp_worker_get_efd(worker_, &worker_fd_);
   if (s != UCS_OK) {
     worker_fd_ = -1;  // waits then nap instead of blocking on the fd
     COMM_WARN(kNet, "%s: UCX worker has no event fd (%s): waits poll with short naps", me().c_str(), ucs(s).c_str());
@@ -138,7 +138,7 @@ Status UcxTransport::post_report_receive() {
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   rp.cb.recv = &UcxTransport::on_error_report;
   rp.user_data = &report_part_;
-  void* req = ucp_tag_recv_nbx(worker_, &report_, sizeof report_, kErrorBit, kErrorBit, &rp);
+  void* req = ucx_library().ucp_tag_recv_nbx(worker_, &report_, sizeof report_, kErrorBit, kErrorBit, &rp);
   if (UCS_PTR_IS_ERR(req))
     return Internal(me() + ": UCX transport: posting the failure-report receive failed: " + ucs(UCS_PTR_STATUS(req)));
   report_part_.ucp = req;
@@ -149,12 +149,12 @@ Status UcxTransport::post_report_receive() {
 Status UcxTransport::publish_address() {
   ucp_address_t* address = nullptr;
   size_t address_len = 0;
-  ucs_status_t s = ucp_worker_get_address(worker_, &address, &address_len);
+  ucs_status_t s = ucx_library().ucp_worker_get_address(worker_, &address, &address_len);
   if (s != UCS_OK) return Internal(me() + ": UCX transport: ucp_worker_get_address failed: " + ucs(s));
   // The address, and this process's pid and pid namespace: a peer reached only over shared
   // memory (no UCX failure detection there) is checked for death by its pid.
   const std::string mine = hex(address, address_len) + "|" + std::to_string(::getpid()) + "|" + pid_namespace();
-  ucp_worker_release_address(worker_, address);
+  ucx_library().ucp_worker_release_address(worker_, address);
   return options_.store->set("ucx/addr/" + std::to_string(rank()), mine);
 }
 
@@ -179,13 +179,13 @@ Status UcxTransport::connect_peer(int r, const Deadline& deadline) {
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails its endpoint instead of hanging it
   ep.err_handler.cb = &UcxTransport::on_peer_failure;
   ep.err_handler.arg = &peer;
-  ucs_status_t s = ucp_ep_create(worker_, &ep, &peer.ep);
+  ucs_status_t s = ucx_library().ucp_ep_create(worker_, &ep, &peer.ep);
   if (s == UCS_ERR_UNREACHABLE) {
     // UCX 1.13 offers no peer-failure handling over shared memory alone (UCX_TLS=posix/sysv):
     // connect without it, and watch that peer's pid instead (same host, same pid namespace).
     ep.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    s = ucp_ep_create(worker_, &ep, &peer.ep);
+    s = ucx_library().ucp_ep_create(worker_, &ep, &peer.ep);
     if (s == UCS_OK) {
       peer.watch_pid = peer.pid > 0;
       COMM_INFO(kNet, "%s: UCX endpoint to rank %d has no failure handling on these transports; %s", me().c_str(), r,
@@ -207,16 +207,16 @@ Status UcxTransport::connect_all(const Deadline& deadline) {
   for (Peer& p : peers_) {
     if (p.ep == nullptr) continue;
     ucp_request_param_t rp{};
-    void* req = ucp_ep_flush_nbx(p.ep, &rp);
+    void* req = ucx_library().ucp_ep_flush_nbx(p.ep, &rp);
     if (UCS_PTR_IS_ERR(req))
       return SystemError(me() + ": UCX transport: connecting to rank " + std::to_string(p.rank) +
                          " failed: " + ucs(UCS_PTR_STATUS(req)));
     if (req != nullptr) flushes.push_back(req);
   }
   for (void* req : flushes) {
-    while (ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucp_worker_progress(worker_);
-    const ucs_status_t s = ucp_request_check_status(req);
-    ucp_request_free(req);
+    while (ucx_library().ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucx_library().ucp_worker_progress(worker_);
+    const ucs_status_t s = ucx_library().ucp_request_check_status(req);
+    ucx_library().ucp_request_free(req);
     if (s == UCS_INPROGRESS)
       return Timeout(me() + ": UCX transport: endpoints not connected within " + std::to_string(options_.timeout_ms) +
                      " ms (are all ranks running, and do their hosts share a UCX transport? see UCX_TLS)");
@@ -226,7 +226,7 @@ Status UcxTransport::connect_all(const Deadline& deadline) {
   COMM_RETURN_IF_ERROR(options_.store->add("ucx/connected", 1, &ready));
   auto next_look = Clock::now();
   while (ready < size()) {
-    if (ucp_worker_progress(worker_) == 0) {
+    if (ucx_library().ucp_worker_progress(worker_) == 0) {
       timespec nap{0, 20 * 1000};  // ranks may outnumber cores: leave them the CPU
       nanosleep(&nap, nullptr);
     }
@@ -259,7 +259,7 @@ void UcxTransport::wake() {
 // Pending receives would otherwise write into buffers their owners free next.
 void UcxTransport::cancel_pending() {
   auto cancel = [&](Part& p) {
-    if (p.pending && p.ucp != nullptr) ucp_request_cancel(worker_, p.ucp);
+    if (p.pending && p.ucp != nullptr) ucx_library().ucp_request_cancel(worker_, p.ucp);
   };
   for (uint32_t i = 0; i < decltype(pool_)::kSize; ++i)
     if (pool_.active(i))
@@ -274,7 +274,7 @@ void UcxTransport::cancel_pending() {
           if (p.pending) return true;
     return false;
   };
-  while (any_pending() && !deadline.expired()) ucp_worker_progress(worker_);
+  while (any_pending() && !deadline.expired()) ucx_library().ucp_worker_progress(worker_);
 }
 
 // Healthy: flush the worker first, so what this rank sent (completed locally, maybe still in a
@@ -284,10 +284,10 @@ void UcxTransport::close_endpoints() {
   const Deadline deadline = Deadline::after_ms(std::min(options_.timeout_ms, 5000));
   if (failed_.ok() && !aborted_.load(std::memory_order_acquire)) {
     ucp_request_param_t rp{};
-    void* req = ucp_worker_flush_nbx(worker_, &rp);
+    void* req = ucx_library().ucp_worker_flush_nbx(worker_, &rp);
     if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
-      while (ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucp_worker_progress(worker_);
-      ucp_request_free(req);
+      while (ucx_library().ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucx_library().ucp_worker_progress(worker_);
+      ucx_library().ucp_request_free(req);
     }
   }
   std::vector<void*> closing;
@@ -296,13 +296,13 @@ void UcxTransport::close_endpoints() {
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* req = ucp_ep_close_nbx(p.ep, &rp);
+    void* req = ucx_library().ucp_ep_close_nbx(p.ep, &rp);
     p.ep = nullptr;
     if (req != nullptr && !UCS_PTR_IS_ERR(req)) closing.push_back(req);
   }
   for (void* req : closing) {
-    while (ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucp_worker_progress(worker_);
-    ucp_request_free(req);  // one still in flight is released by UCX once it completes
+    while (ucx_library().ucp_request_check_status(req) == UCS_INPROGRESS && !deadline.expired()) ucx_library().ucp_worker_progress(worker_);
+    ucx_library().ucp_request_free(req);  // one still in flight is released by UCX once it completes
   }
 }
 
@@ -310,15 +310,17 @@ UcxTransport::~UcxTransport() {
   if (worker_ != nullptr) {
     cancel_pending();
     close_endpoints();
-    ucp_worker_destroy(worker_);
+    ucx_library().ucp_worker_destroy(worker_);
   }
-  if (context_ != nullptr) ucp_cleanup(context_);
+  if (context_ != nullptr) ucx_library().ucp_cleanup(context_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 }  // namespace ucx
 
-bool ucx_built() { return true; }
+// Built with UCX's headers; usable when its library loads here (ucx_library.cc).
+bool ucx_built() { return ucx_library().usable(); }
+std::string ucx_why_not() { return ucx_library().why_not; }
 
 Status create_ucx_transport(const Options& options, std::unique_ptr<Transport>* out) {
   if (out == nullptr) return InvalidArgument("UCX transport: null output pointer");
@@ -328,6 +330,7 @@ Status create_ucx_transport(const Options& options, std::unique_ptr<Transport>* 
   if (options.timeout_ms <= 0)
     return InvalidArgument("UCX transport: timeout_ms must be positive, got " + std::to_string(options.timeout_ms));
   if (options.size > 1 && !options.store) return InvalidArgument("UCX transport: no store to exchange addresses");
+  if (!ucx_library().usable()) return Unavailable("rank " + std::to_string(options.rank) + ": " + ucx_library().why_not);
   auto t = std::make_unique<ucx::UcxTransport>(options);
   COMM_RETURN_IF_ERROR(t->setup());
   *out = std::move(t);

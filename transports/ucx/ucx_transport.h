@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "transport.h"
 
@@ -11,6 +12,7 @@ namespace comm::transport {
 
 // False when this build has no UCX (libucx-dev was not found): create fails with UNAVAILABLE.
 bool ucx_built();
+std::string ucx_why_not();  // why ucx_built() is false: not compiled in, or the library did not load
 
 // Creates the worker, publishes its address in options.store, connects an endpoint to every
 // peer. Bounded by timeout_ms; COMM_ERR_UNAVAILABLE when UCX cannot start here.

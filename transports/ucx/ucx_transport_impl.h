@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/progress_clock.h"
+#include "ucx/ucx_library.h"
 #include "common/request_pool.h"
 #include "transport.h"
 

@@ -5,6 +5,7 @@
 namespace comm::transport {
 
 bool ucx_built() { return false; }
+std::string ucx_why_not() { return "libucx-dev was not found when libcomm was built"; }
 
 Status create_ucx_transport(const Options&, std::unique_ptr<Transport>*) {
   return Unavailable(

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 0
+#define COMM_ABI_VERSION_MINOR 1 /* 1: comm_get_version_string */
 
 typedef enum {
   COMM_OK = 0,
@@ -88,7 +88,11 @@ COMM_API const char* comm_status_string(comm_status_t s);
 COMM_API const char* comm_last_error(comm_t comm);
 /* The first error that ended a background operation, or COMM_OK. Any thread. */
 COMM_API comm_status_t comm_get_async_error(comm_t comm);
+/* The ABI version of the library loaded (COMM_ABI_VERSION_MAJOR/MINOR it was built with). */
 COMM_API comm_status_t comm_get_version(int* major, int* minor);
+/* The release and the git commit the library was built from, e.g. "1.0.0 (git 868ddb39b8cc)"
+ * ("-dirty" when built from modified sources). Static storage, never NULL. */
+COMM_API const char* comm_get_version_string(void);
 
 /* ---- lifecycle ---- */
 /* Collective over all ranks: fails on every rank, naming the difference, when the ranks
@@ -166,10 +170,12 @@ COMM_API comm_status_t comm_test(comm_request_t req, int* done);
  *   comm_engine_begin(eng, sync);  ...backward: comm_engine_grad_ready(eng, i, grad_i) per
  *   gradient, from any thread, as each is produced...;  comm_engine_end(eng);  optimizer step.
  * Buckets are filled in reverse registration order (backward produces the last layer first), one
- * dtype per bucket, up to the bucket cap; a parameter is never split. A bucket's all-reduce starts
- * as soon as its last gradient is ready, on the engine's own duplicate of the communicator, and
- * buckets run in the same order on every rank. For host gradients, end() returns when every
- * gradient reported in this step holds the reduced value.
+ * dtype per bucket, up to the bucket cap; a parameter is never split across buckets. Buckets go on
+ * the wire in partitions (partition_bytes, which do split large parameters) on the engine's own
+ * duplicate of the communicator: among the partitions ready on every rank (agreed in small
+ * rounds), the one the next forward needs first runs next, in the same order on every rank. For
+ * host gradients, end() returns when every gradient reported in this step holds the reduced value
+ * (with overlap_forward: once every gradient is reported; comm_engine_wait per gradient).
  *
  * Errors: misuse found locally (an index out of range, grad_ready twice for one index in a step,
  * end() without begin(), begin() twice, register after finalize) fails that call and changes
@@ -177,7 +183,7 @@ COMM_API comm_status_t comm_test(comm_request_t req, int* done);
  * find_unused_parameters, a failed all-reduce, a timeout) breaks the engine: its communicator is
  * aborted so the peers fail within their timeout too, and every later call returns the error. */
 
-#define COMM_ENGINE_CONFIG_VERSION 1
+#define COMM_ENGINE_CONFIG_VERSION 2
 
 typedef struct {
   size_t size;  /* sizeof(comm_engine_config_t) as the caller saw it */
@@ -212,12 +218,24 @@ typedef struct {
   /* Chrome/Perfetto trace (JSON) of steps and buckets, written at comm_engine_destroy.
    * NULL: COMM_TRACE_FILE; a "%r" in the name becomes the rank. "" or unset: no trace. */
   const char* trace_file;
+  /* Version 2. Buckets are all-reduced in partitions of up to this many bytes (of the gradients'
+   * dtype); a parameter larger than a partition is split across several. Among the partitions
+   * ready on every rank, the one whose parameters the next forward needs first (lowest priority
+   * value: registration order, or comm_engine_set_priority) goes on the wire next.
+   * COMM_UNSET: COMM_ENGINE_PARTITION_BYTES, default 4 MiB. Device gradients: one partition per
+   * bucket, in bucket order. docs/engine.md, "Partitions and priorities". */
+  int64_t partition_bytes;
+  /* 1: comm_engine_end returns once every gradient is reported, while partitions are still on the
+   * wire; call comm_engine_wait(eng, i) before reading gradient i (the next forward's layer i), and
+   * the next comm_engine_begin (or destroy) waits for the rest. COMM_UNSET:
+   * COMM_ENGINE_OVERLAP_FORWARD, default 0. Host gradients only. */
+  int overlap_forward;
   /* ...added fields go last */
 } comm_engine_config_t;
 
 #define COMM_ENGINE_CONFIG_INIT                                                                      \
   { sizeof(comm_engine_config_t), COMM_ENGINE_CONFIG_VERSION, COMM_UNSET, COMM_UNSET, COMM_UNSET, \
-    COMM_UNSET, COMM_UNSET, COMM_UNSET, COMM_UNSET, NULL, NULL }
+    COMM_UNSET, COMM_UNSET, COMM_UNSET, COMM_UNSET, NULL, NULL, COMM_UNSET, COMM_UNSET }
 
 /* Per-bucket numbers of the last synced step; times in microseconds from that step's begin(). */
 typedef struct {
@@ -229,9 +247,21 @@ typedef struct {
   double done_us;    /* its all-reduce (and copy back) finished */
 } comm_engine_bucket_stats_t;
 
-#define COMM_ENGINE_STATS_VERSION 1
+/* One partition of a bucket (version 2 of the stats); times as for buckets. */
+typedef struct {
+  int bucket;
+  int priority;      /* lowest priority value of its parameters: it goes on the wire before higher ones */
+  int first_param;   /* the first parameter it holds (part of) */
+  int num_params;
+  uint64_t bytes;    /* bytes this rank put on the wire for it (wire dtype) */
+  int wire_order;    /* its place in the step's sequence of partition all-reduces (the same on every rank) */
+  double ready_us, start_us, done_us;
+} comm_engine_partition_stats_t;
+
+#define COMM_ENGINE_STATS_VERSION 2
 #define COMM_ENGINE_STATS_MAX_BUCKETS 64
 #define COMM_ENGINE_STATS_MAX_UNUSED 64
+#define COMM_ENGINE_STATS_MAX_PARTITIONS 256
 
 /* Set size = sizeof(comm_engine_stats_t) (the rest may be anything); comm_engine_stats fills up to
  * size bytes, version included, so a caller built against an older header keeps working. */
@@ -253,6 +283,14 @@ typedef struct {
   int unused[COMM_ENGINE_STATS_MAX_UNUSED]; /* their indices, ascending, the first 64 */
   int num_bucket_stats;     /* min(num_buckets, COMM_ENGINE_STATS_MAX_BUCKETS) */
   comm_engine_bucket_stats_t buckets[COMM_ENGINE_STATS_MAX_BUCKETS]; /* in issue order */
+  /* Version 2: partitions and their scheduling, last synced step (with overlap_forward: complete
+   * once the next comm_engine_begin returned). */
+  int num_partitions;
+  uint64_t rounds;          /* readiness agreements (one small all-reduce each) */
+  double round_us;          /* time spent in them */
+  double forward_wait_us;   /* time comm_engine_wait (and the next begin) blocked on this step's gradients */
+  int num_partition_stats;  /* min(num_partitions, COMM_ENGINE_STATS_MAX_PARTITIONS) */
+  comm_engine_partition_stats_t partitions[COMM_ENGINE_STATS_MAX_PARTITIONS]; /* in partition order */
 } comm_engine_stats_t;
 
 /* Collective over comm's ranks (it calls comm_dup). cfg may be NULL (all defaults). */
@@ -261,6 +299,9 @@ COMM_API comm_status_t comm_engine_create(comm_t comm, const comm_engine_config_
 /* One parameter's gradient, in definition order; *index is 0, 1, 2, ... count may be 0. */
 COMM_API comm_status_t comm_engine_register(comm_engine_t eng, size_t count, comm_dtype_t dtype,
                                             int* index);
+/* Before finalize: the place of parameter `index` in the next forward (lower = needed sooner;
+ * default: its index, registration order). Every rank must give the same priorities. */
+COMM_API comm_status_t comm_engine_set_priority(comm_engine_t eng, int index, int priority);
 /* Collective: checks every rank registered the same list (counts, dtypes) and the same options,
  * failing on every rank with the difference named; builds and touches the buckets. */
 COMM_API comm_status_t comm_engine_finalize(comm_engine_t eng);
@@ -280,6 +321,11 @@ COMM_API comm_status_t comm_engine_grad_view(comm_engine_t eng, int index, void*
  * device gradients: returns once every bucket is enqueued, and the gradients' stream waits (on the
  * GPU) until they hold it. */
 COMM_API comm_status_t comm_engine_end(comm_engine_t eng);
+/* Waits until gradient `index` holds this step's reduced value (every partition it is in has
+ * finished). With overlap_forward: call it before the next forward reads parameter `index` (after
+ * the optimizer has updated it from that gradient). Without: returns at once after end(). A
+ * gradient not yet reported in the open step is refused. */
+COMM_API comm_status_t comm_engine_wait(comm_engine_t eng, int index);
 COMM_API comm_status_t comm_engine_stats(comm_engine_t eng, comm_engine_stats_t* stats);
 /* All gradients reduced as zeros in the last synced step: up to capacity indices, ascending;
  * *count is how many there were. */

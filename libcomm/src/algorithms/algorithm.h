@@ -47,6 +47,10 @@ struct Algorithm {
 // Every registered algorithm; within a collective, in fallback order.
 const std::vector<Algorithm>& registry();
 
+// OK when `name` is a registered algorithm (of any collective); else INVALID_ARGUMENT naming
+// `source` ("COMM_ALGO", "tuning profile entry #3 ...") and listing every algorithm per collective.
+Status check_name(std::string_view name, const char* source);
+
 // What may override the default rules for one call, in the order select() tries them.
 struct Overrides {
   std::string_view forced;   // COMM_ALGO; empty: none

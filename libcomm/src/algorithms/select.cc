@@ -143,12 +143,7 @@ std::string known_names() {
 // belongs to this collective but cannot run; a name of another collective is no error.
 Status named(const Context& ctx, const CollArgs& args, std::string_view name, const char* source,
              const Algorithm** out, const Algorithm** refused) {
-  bool known = false;
-  for (const auto& a : registry()) known = known || name == a.name;
-  if (!known) {
-    const std::string who = std::strcmp(source, "COMM_ALGO") == 0 ? "COMM_ALGO" : std::string(source) + ": algo";
-    return InvalidArgument(who + "='" + std::string(name) + "' names no algorithm; known: " + known_names());
-  }
+  COMM_RETURN_IF_ERROR(check_name(name, source));
   const Algorithm* a = find(args.kind, name);
   if (a != nullptr && a->can_run(ctx, args)) {
     *out = a;
@@ -228,6 +223,13 @@ Status run_collective(Context& ctx, const CollArgs& args, const Overrides& overr
   COMM_RETURN_IF_ERROR(select(ctx, args, overrides, &algo));
   COMM_TRACE(kAlg, "%s: %s", transport::describe(args.tag).c_str(), algo->name);
   return algo->run(ctx, args);
+}
+
+Status check_name(std::string_view name, const char* source) {
+  for (const auto& a : registry())
+    if (name == a.name) return Status::Ok();
+  const std::string who = std::strcmp(source, "COMM_ALGO") == 0 ? "COMM_ALGO" : std::string(source) + ": algo";
+  return InvalidArgument(who + "='" + std::string(name) + "' names no algorithm; known: " + known_names());
 }
 
 }  // namespace comm::algo

@@ -33,6 +33,20 @@ COMM_API comm_status_t comm_engine_register(comm_engine_t eng, size_t count, com
   });
 }
 
+COMM_API comm_status_t comm_engine_set_priority(comm_engine_t eng, int index, int priority) {
+  return comm::guarded("comm_engine_set_priority", [&]() -> Status {
+    if (eng == nullptr) return null_engine("comm_engine_set_priority");
+    return eng->impl->set_priority(index, priority);
+  });
+}
+
+COMM_API comm_status_t comm_engine_wait(comm_engine_t eng, int index) {
+  return comm::guarded("comm_engine_wait", [&]() -> Status {
+    if (eng == nullptr) return null_engine("comm_engine_wait");
+    return eng->impl->wait(index);
+  });
+}
+
 COMM_API comm_status_t comm_engine_finalize(comm_engine_t eng) {
   return comm::guarded("comm_engine_finalize", [&]() -> Status {
     if (eng == nullptr) return null_engine("comm_engine_finalize");

@@ -91,14 +91,32 @@ Status Engine::add_param(size_t count, comm_dtype_t dtype, int* index) {
     return InvalidArgument(where("comm_engine_register") + "count " + std::to_string(count) + " overflows");
   params_.push_back({count, dtype});
   *index = static_cast<int>(params_.size() - 1);
+  priority_.push_back(*index);  // registration order = forward order, unless set_priority says otherwise
+  return Status::Ok();
+}
+
+Status Engine::set_priority(int index, int priority) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  const char* fn = "comm_engine_set_priority";
+  if (finalized_)
+    return InvalidUsage(where(fn) + "the engine is finalized: the partitions' priorities are fixed; set them before "
+                        "comm_engine_finalize");
+  if (index < 0 || static_cast<size_t>(index) >= params_.size())
+    return InvalidArgument(where(fn) + "index " + std::to_string(index) + " is out of range (" +
+                           std::to_string(params_.size()) + " parameters registered)");
+  priority_[static_cast<size_t>(index)] = priority;
   return Status::Ok();
 }
 
 Status Engine::destroy() {
   bool mid_step;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     mid_step = in_step_ && sync_ && broken_.ok();
+    // overlap_forward: the last step's partitions may still be on the wire; they finish first.
+    if (!mid_step && comm_active_ && broken_.ok()) (void)wait_comm_idle(lock, "comm_engine_destroy");
+    if (step_unrecorded_ && !comm_active_ && broken_.ok()) record_overlapped_step();
   }
   // Peers waiting on our next buckets would otherwise hang until their timeout.
   if (mid_step) (void)fail(InvalidUsage(where("comm_engine_destroy") + "destroyed in the middle of a synced step"), true);

@@ -33,6 +33,9 @@ struct Options {
   bool find_unused = false;
   comm_stream_t stream = nullptr;  // device gradients, produced on this stream
   std::string trace_file;
+  size_t partition_bytes = 4u << 20;  // SIZE_MAX with device gradients: one partition per bucket
+  bool overlap_forward = false;       // end() returns before the partitions finish; wait(i) per gradient
+  bool fifo = false;                  // partitions in index order (bucket order), no agreement rounds
 };
 
 // 64-byte aligned, touched at allocation (first touch is slow here: never on a step). With
@@ -62,6 +65,17 @@ struct Bucket {
   double ready_us = 0, start_us = 0, done_us = 0;
 };
 
+// A partition (layout.h) and its state in the current synced step (guarded by Engine::mu).
+struct Partition {
+  PartitionLayout layout;
+  int pending = 0;       // parameters not yet in it
+  bool ready = false;    // every parameter in it reported, on this rank
+  bool agreed = false;   // ready on every rank (a round said so): may go on the wire
+  bool started = false, done = true;  // done: holds the reduced value (true outside a step)
+  int wire_order = -1;
+  double ready_us = 0, start_us = 0, done_us = 0;
+};
+
 enum class ParamState : uint8_t { kWaiting, kCopying, kReady, kUnused };
 
 class Engine {
@@ -70,11 +84,13 @@ class Engine {
   ~Engine();
 
   Status add_param(size_t count, comm_dtype_t dtype, int* index);
+  Status set_priority(int index, int priority);
   Status finalize();
   Status begin(bool sync);
   Status grad_ready(int index, void* ptr);
   Status grad_view(int index, void** ptr);
   Status end();
+  Status wait(int index);
   void stats(comm_engine_stats_t* out);
   Status unused(int* indices, int capacity, int* count);
   Status destroy();  // graceful: stops the thread, writes the trace, frees the communicator
@@ -89,13 +105,21 @@ class Engine {
   Status make_buffer(size_t bytes, Buffer* out);
   Status rebuild_from_rank0();               // static graph, end of the first synced step
   Status settle_unreported(const char* fn, double t_end);  // end(): gradients never reported
-  void record_bucket_numbers();              // end(): the step's stats and trace per bucket
+  void record_overlapped_step();             // overlap_forward: the step's numbers once it is done
   void mark_in_bucket(int p, double t_us);   // under mu: one gradient more in its bucket
   void copy_in(int p, const void* ptr);      // the gradient into its bucket (compressing)
   Status zero_slot(int p);
-  Status run_bucket(int b);                  // the issue path: all-reduce + copy back
-  Status run_bucket_device(int b);           // the same, enqueued on the engine's stream
+  Status run_partition(int k);               // the issue path: all-reduce + copy back
+  Status run_bucket_device(int b);           // a whole bucket, enqueued on the engine's stream
   void comm_loop();
+  // The comm thread's next move (schedule.cc), under mu_: a partition to run (>= 0), kRound, or kIdle.
+  static constexpr int kRound = -1, kIdle = -2;
+  int next_move();
+  Status agree_round(std::unique_lock<std::mutex>& lock);  // one readiness agreement (unlocks inside)
+  // Waits (mu_ held) until the step's partitions are all done or the engine broke; polls the
+  // trainer's communicator for comm_abort.
+  Status wait_comm_idle(std::unique_lock<std::mutex>& lock, const char* fn);
+  void complete_step();                      // mu_ held, every partition done: the step's numbers
   // Breaks the engine and tells the peers; interrupt: abort the bucket in flight first.
   Status fail(Status st, bool interrupt = false);
   double now_us() const;
@@ -111,6 +135,9 @@ class Engine {
   // whose device memory it frees.
   std::unique_ptr<device::EngineStreams> dev_;
   std::vector<Bucket> buckets_;
+  std::vector<Partition> parts_;
+  std::vector<std::vector<int>> param_parts_;  // the partitions each parameter is in
+  std::vector<int> priority_;                  // per parameter (comm_engine_set_priority)
   std::vector<Bucket> retired_;  // the layout a static-graph rebuild replaced, until the next begin()
   bool finalized_ = false;
   int layout_version_ = 0;
@@ -121,8 +148,17 @@ class Engine {
   bool in_step_ = false, ending_ = false, sync_ = false;
   std::vector<ParamState> state_;
   std::vector<void*> grad_ptr_;
-  int next_bucket_ = 0;   // the comm thread's next bucket (same order on every rank)
-  int done_buckets_ = 0;
+  // Scheduling of the synced step's partitions (schedule.cc): the same sequence on every rank.
+  bool comm_active_ = false;  // a synced step's partitions are not all done (may outlive end())
+  bool step_unrecorded_ = false;  // overlap_forward: end() returned, the numbers are not taken yet
+  int done_parts_ = 0, started_parts_ = 0, ready_parts_ = 0, agreed_parts_ = 0;
+  int contributed_ = 0;       // partitions this rank said were ready in the last round
+  bool mismatch_ = false;     // the last round agreed on fewer than this rank contributed
+  bool just_rounded_ = false; // no partition ran since the last round
+  bool last_round_progress_ = false;  // the last round agreed on a partition not agreed before
+  std::vector<uint8_t> round_buf_;
+  uint64_t rounds_ = 0, sched_step_ = 0;  // sched_step_: the synced step being scheduled (1-based)
+  double round_us_ = 0, forward_wait_us_ = 0, t_end_ = 0;
   Status broken_;
   bool stop_ = false;
   bool running_ = false;  // the comm thread is inside a bucket's all-reduce (uses comm_)
@@ -138,7 +174,9 @@ class Engine {
 
   // Last synced step's numbers.
   double last_step_us_ = 0, last_exposed_us_ = 0;
-  uint64_t last_bytes_ = 0;
+  uint64_t last_bytes_ = 0, last_rounds_ = 0;
+  double last_round_us_ = 0, last_forward_wait_us_ = 0;
+  std::vector<comm_engine_partition_stats_t> last_parts_;
   bool last_synced_ = false;
   std::vector<int> last_unused_;
   std::vector<comm_engine_bucket_stats_t> last_buckets_;

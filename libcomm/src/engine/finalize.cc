@@ -9,6 +9,7 @@
 #include "dtype.h"
 #include "engine/engine.h"
 #include "engine/messages.h"
+#include "hash.h"
 #include "log.h"
 
 namespace comm::engine {
@@ -17,8 +18,10 @@ namespace {
 // What every rank's registration must agree on, in the order check_agreement gathers it.
 const char* const kHeaderNames[] = {"number of parameters", "bucket_cap_bytes", "first_bucket_bytes", "op",
                                     "wire_dtype", "gradient_as_bucket_view", "static_graph",
-                                    "find_unused_parameters", "device gradients (stream != NULL)"};
-constexpr size_t kHeader = 9;
+                                    "find_unused_parameters", "device gradients (stream != NULL)",
+                                    "partition_bytes", "overlap_forward", "COMM_ENGINE_SCHEDULE=fifo",
+                                    "a priority (comm_engine_set_priority)"};
+constexpr size_t kHeader = 13;
 
 }  // namespace
 
@@ -56,7 +59,11 @@ Status Engine::check_agreement() {
   const std::string w = where("comm_engine_finalize");
   int64_t mine[kHeader] = {static_cast<int64_t>(params_.size()), static_cast<int64_t>(opt_.bucket_cap_bytes),
                            static_cast<int64_t>(opt_.first_bucket_bytes), opt_.op, opt_.wire_dtype,
-                           opt_.grad_view, opt_.static_graph, opt_.find_unused, opt_.stream != nullptr};
+                           opt_.grad_view, opt_.static_graph, opt_.find_unused, opt_.stream != nullptr,
+                           static_cast<int64_t>(std::min<size_t>(opt_.partition_bytes, INT64_MAX)),
+                           opt_.overlap_forward, opt_.fifo, 0};
+  // The priorities decide the wire order: a digest of them is compared like the options.
+  mine[kHeader - 1] = static_cast<int64_t>(fnv1a(priority_.data(), priority_.size() * sizeof(int)) >> 1);
   std::vector<int64_t> all(kHeader * static_cast<size_t>(size_));
   COMM_RETURN_IF_ERROR(from_call(comm_allgather(comm_, mine, all.data(), kHeader, COMM_INT64, nullptr), w));
   for (int r = 1; r < size_; ++r)
@@ -124,6 +131,16 @@ Status Engine::build(const std::vector<int>& order) {
     }
   }
   if (dev_ != nullptr) COMM_RETURN_IF_ERROR(dev_->reserve(buckets.size()));
+  std::vector<BucketLayout> layouts_again(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) layouts_again[b] = buckets[b].layout;
+  std::vector<PartitionLayout> cut = cut_partitions(layouts_again, params_, priority_, opt_.partition_bytes);
+  parts_.assign(cut.size(), Partition{});
+  param_parts_.assign(params_.size(), {});
+  for (size_t k = 0; k < cut.size(); ++k) {
+    for (int p : cut[k].params) param_parts_[static_cast<size_t>(p)].push_back(static_cast<int>(k));
+    parts_[k].layout = std::move(cut[k]);
+  }
+  round_buf_.assign(parts_.size(), 0);
   buckets_ = std::move(buckets);
   last_buckets_.assign(buckets_.size(), comm_engine_bucket_stats_t{});
   ++layout_version_;

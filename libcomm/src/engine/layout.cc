@@ -1,5 +1,6 @@
 #include "engine/layout.h"
 
+#include <algorithm>
 #include <map>
 
 #include "dtype.h"
@@ -42,6 +43,55 @@ std::vector<BucketLayout> assign_buckets(const std::vector<ParamInfo>& params, c
     }
   }
   return buckets;
+}
+
+std::vector<PartitionLayout> cut_partitions(const std::vector<BucketLayout>& buckets,
+                                            const std::vector<ParamInfo>& params,
+                                            const std::vector<int>& priority, size_t partition_bytes) {
+  std::vector<PartitionLayout> parts;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const BucketLayout& bk = buckets[b];
+    const size_t limit = std::max<size_t>(1, partition_bytes / dtype_size(bk.dtype));  // elements
+    const size_t first = parts.size();
+    PartitionLayout open;
+    open.bucket = static_cast<int>(b);
+    auto close = [&](size_t next_begin) {
+      if (!open.params.empty()) parts.push_back(open);
+      open.params.clear();
+      open.begin = next_begin;
+      open.count = 0;
+    };
+    for (size_t i = 0; i < bk.params.size(); ++i) {
+      const int p = bk.params[i];
+      const size_t off = bk.offset[i], n = params[static_cast<size_t>(p)].count;
+      if (open.count > 0 && open.count + n > limit) close(off);
+      if (n <= limit) {
+        if (open.params.empty()) open.begin = off;
+        open.params.push_back(p);
+        open.count += n;
+        continue;
+      }
+      // Larger than a partition: equal pieces, each a partition of its own.
+      close(off);
+      const size_t pieces = (n + limit - 1) / limit, piece = (n + pieces - 1) / pieces;
+      for (size_t at = 0; at < n; at += piece) {
+        open.begin = off + at;
+        open.count = std::min(piece, n - at);
+        open.params.push_back(p);
+        close(off + at + open.count);
+      }
+    }
+    close(bk.count);
+    if (parts.size() == first) {  // a bucket of zero-sized parameters only
+      open.params = bk.params;
+      parts.push_back(open);
+    }
+  }
+  for (PartitionLayout& pt : parts) {
+    pt.priority = priority[static_cast<size_t>(pt.params.front())];
+    for (int p : pt.params) pt.priority = std::min(pt.priority, priority[static_cast<size_t>(p)]);
+  }
+  return parts;
 }
 
 std::vector<int> reverse_order(size_t num_params) {

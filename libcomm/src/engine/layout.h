@@ -29,6 +29,25 @@ struct BucketLayout {
 std::vector<BucketLayout> assign_buckets(const std::vector<ParamInfo>& params, const std::vector<int>& order,
                                          size_t cap_bytes, size_t first_bytes);
 
+// A piece of one bucket that is all-reduced on its own: elements [begin, begin + count) of the
+// bucket's flat storage, and the parameters whose elements it holds (a parameter larger than a
+// partition is in several).
+struct PartitionLayout {
+  int bucket = 0;
+  size_t begin = 0, count = 0;
+  std::vector<int> params;  // in bucket order
+  int priority = 0;         // lowest priority of its parameters (lower = needed sooner by forward)
+};
+
+// Cuts each bucket into partitions of at most partition_bytes (of the bucket's dtype; at least one
+// element): parameters are packed whole while they fit, a parameter larger than a partition is
+// split into equal pieces of its own. Every bucket gets at least one partition and every parameter
+// (a zero-sized one too) is in at least one. Partitions are numbered bucket by bucket, in offset
+// order: the FIFO order. priority[p] is parameter p's priority.
+std::vector<PartitionLayout> cut_partitions(const std::vector<BucketLayout>& buckets,
+                                            const std::vector<ParamInfo>& params,
+                                            const std::vector<int>& priority, size_t partition_bytes);
+
 // Reverse registration order: backward produces the last layer's gradient first.
 std::vector<int> reverse_order(size_t num_params);
 

@@ -73,6 +73,38 @@ Status resolve_options(const comm_engine_config_t* in, Options* out) {
                        " (compression) with device gradients (stream != NULL): converting on the device needs a CUDA "
                        "kernel, which libcomm does not have; leave wire_dtype unset, or cast the gradients to that "
                        "dtype in the framework (as DDP's fp16_compress_hook does) and register them as such");
+  if (cfg.partition_bytes == COMM_UNSET) {
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_PARTITION_BYTES", 1, INT64_MAX, &v));
+    o.partition_bytes = static_cast<size_t>(v);
+  } else if (cfg.partition_bytes <= 0) {
+    return InvalidArgument("comm_engine_create: partition_bytes = " + std::to_string(cfg.partition_bytes) +
+                           " must be > 0 (or COMM_UNSET for 4 MiB)");
+  } else {
+    o.partition_bytes = static_cast<size_t>(cfg.partition_bytes);
+  }
+  if (cfg.overlap_forward == COMM_UNSET) {
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_OVERLAP_FORWARD", 0, 1, &v));
+    o.overlap_forward = v == 1;
+  } else {
+    COMM_RETURN_IF_ERROR(flag("overlap_forward", cfg.overlap_forward, &o.overlap_forward));
+  }
+  if (o.overlap_forward && o.stream != nullptr)
+    return Unavailable("comm_engine_create: overlap_forward with device gradients (stream != NULL): end() already "
+                       "returns before the device all-reduces finish (the gradients' stream waits for them); leave "
+                       "overlap_forward unset");
+  std::string schedule;
+  COMM_RETURN_IF_ERROR(params::get_string("COMM_ENGINE_SCHEDULE", &schedule));
+  if (schedule == "fifo") {
+    o.fifo = true;
+  } else if (schedule != "priority" && !schedule.empty()) {
+    return InvalidArgument("comm_engine_create: COMM_ENGINE_SCHEDULE=" + schedule + " must be priority or fifo");
+  }
+  // Device gradients: each bucket's copies and all-reduce are one sequence on the engine's
+  // stream (libcomm/src/engine/step.cc, run_bucket_device): one partition per bucket, in order.
+  if (o.stream != nullptr) {
+    o.fifo = true;
+    o.partition_bytes = SIZE_MAX;
+  }
   COMM_RETURN_IF_ERROR(flag("gradient_as_bucket_view", cfg.gradient_as_bucket_view, &o.grad_view));
   COMM_RETURN_IF_ERROR(flag("static_graph", cfg.static_graph, &o.static_graph));
   COMM_RETURN_IF_ERROR(flag("find_unused_parameters", cfg.find_unused_parameters, &o.find_unused));

@@ -27,6 +27,15 @@ Status Engine::zero_slot(int p) {
 }
 
 void Engine::mark_in_bucket(int p, double t_us) {
+  for (int k : param_parts_[static_cast<size_t>(p)]) {
+    Partition& pt = parts_[static_cast<size_t>(k)];
+    if (--pt.pending == 0) {
+      pt.ready = true;
+      pt.ready_us = t_us;
+      ++ready_parts_;
+      cv_.notify_all();  // the comm thread may hold a round now
+    }
+  }
   const auto b = static_cast<size_t>(param_bucket_[static_cast<size_t>(p)]);
   Bucket& bk = buckets_[b];
   if (--bk.pending == 0) {
@@ -46,6 +55,12 @@ Status Engine::begin(bool sync) {
   if (in_step_)
     return InvalidUsage(where("comm_engine_begin") +
                         "a step is already open (begin twice without end); call comm_engine_end first");
+  if (comm_active_) {  // overlap_forward: the last step's partitions still on the wire
+    const double t0 = now_us();
+    COMM_RETURN_IF_ERROR(wait_comm_idle(lock, "comm_engine_begin"));
+    forward_wait_us_ += now_us() - t0;
+  }
+  if (step_unrecorded_) record_overlapped_step();
   if (dev_ != nullptr && !retired_.empty()) {
     // The engine's stream copied the reduced views out of them: let it finish before they go.
     Status st = dev_->synchronize("the copy out of the buckets a static-graph rebuild replaced");
@@ -64,8 +79,18 @@ Status Engine::begin(bool sync) {
     bk.ready = false;
     bk.ready_us = bk.start_us = bk.done_us = 0;
   }
-  next_bucket_ = 0;
-  done_buckets_ = 0;
+  for (Partition& pt : parts_) {
+    pt.pending = static_cast<int>(pt.layout.params.size());
+    pt.ready = pt.agreed = pt.started = pt.done = false;
+    pt.wire_order = -1;
+    pt.ready_us = pt.start_us = pt.done_us = 0;
+  }
+  done_parts_ = started_parts_ = ready_parts_ = agreed_parts_ = contributed_ = 0;
+  mismatch_ = just_rounded_ = last_round_progress_ = false;
+  rounds_ = 0;
+  round_us_ = forward_wait_us_ = 0;
+  sched_step_ = steps_ + 1;
+  comm_active_ = !parts_.empty();
   learning_ = opt_.static_graph && !learnt_;
   observed_.clear();
   last_unused_.clear();
@@ -120,13 +145,13 @@ Status Engine::grad_ready(int index, void* ptr) {
     return InvalidUsage(where(fn) + "gradient " + std::to_string(index) +
                         " reported twice in one step; the second call is ignored (report each gradient once, "
                         "when it is final)");
+  if (ptr == nullptr && !opt_.grad_view && params_[p].count > 0)
+    return InvalidArgument(where(fn) + "gradient " + std::to_string(index) +
+                           ": ptr is NULL (only gradient_as_bucket_view engines accept NULL for the view)");
   if (!sync_) {  // no_sync: the framework keeps accumulating; nothing moves
     state_[p] = ParamState::kReady;
     return Status::Ok();
   }
-  if (ptr == nullptr && !opt_.grad_view && params_[p].count > 0)
-    return InvalidArgument(where(fn) + "gradient " + std::to_string(index) +
-                           ": ptr is NULL (only gradient_as_bucket_view engines accept NULL for the view)");
   state_[p] = ParamState::kCopying;
   grad_ptr_[p] = ptr;
   if (learning_) observed_.push_back(index);
@@ -190,77 +215,6 @@ Status Engine::run_bucket_device(int b) {
   return Status::Ok();
 }
 
-// The one place a bucket goes on the wire.
-Status Engine::run_bucket(int b) {
-  if (dev_ != nullptr) {
-    Status st = run_bucket_device(b);
-    if (st.ok()) return st;
-    return Status(st.code(), "rank " + std::to_string(rank_) + ", comm_engine bucket " + std::to_string(b) + " of step " +
-                                 std::to_string(steps_ + 1) + " (device gradients): " + without_rank(st.message(), rank_) +
-                                 (st.code() == COMM_ERR_TIMEOUT || st.code() == COMM_ERR_REMOTE
-                                      ? " (a peer that reported a different set of gradients, called begin with a "
-                                        "different sync flag or never called end leaves this bucket waiting)"
-                                      : ""));
-  }
-  Bucket& bk = buckets_[static_cast<size_t>(b)];
-  void* buf = bk.compressed ? bk.wirebuf.ptr : bk.data.ptr;
-  comm_status_t s = comm_allreduce(comm_, buf, buf, bk.layout.count, bk.wire, opt_.op, nullptr);
-  if (s != COMM_OK)
-    return Status(s, "rank " + std::to_string(rank_) + ", comm_engine bucket " + std::to_string(b) + " of step " +
-                         std::to_string(steps_ + 1) + ": " + without_rank(comm_last_error(nullptr), rank_) +
-                         " (a peer that reported a different set of gradients, called begin with a different "
-                         "sync flag or never called end leaves this bucket waiting)");
-  const size_t es = dtype_size(bk.layout.dtype);
-  for (size_t i = 0; i < bk.layout.params.size(); ++i) {
-    const auto p = static_cast<size_t>(bk.layout.params[i]);
-    const size_t off = bk.layout.offset[i], n = params_[p].count;
-    if (n == 0) continue;
-    char* view = bk.data.ptr != nullptr ? static_cast<char*>(bk.data.ptr) + off * es : nullptr;
-    void* dst = grad_ptr_[p];
-    if (bk.compressed) {
-      const char* wire = static_cast<const char*>(bk.wirebuf.ptr) + off * dtype_size(bk.wire);
-      if (view != nullptr) decompress(wire, reinterpret_cast<float*>(view), n, bk.wire);
-      if (dst != nullptr && dst != view) {
-        if (view != nullptr) std::memcpy(dst, view, n * es);
-        else decompress(wire, static_cast<float*>(dst), n, bk.wire);
-      }
-    } else if (dst != nullptr && dst != view) {
-      std::memcpy(dst, view, n * es);
-    }
-  }
-  return Status::Ok();
-}
-
-void Engine::comm_loop() {
-  log::set_thread_rank(rank_);
-  if (dev_ != nullptr) dev_->bind_thread();
-  std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] {
-      return stop_ || (in_step_ && sync_ && broken_.ok() && next_bucket_ < static_cast<int>(buckets_.size()) &&
-                       buckets_[static_cast<size_t>(next_bucket_)].ready);
-    });
-    if (stop_) return;
-    // Buckets in index order, whatever order they became ready in: the same on every rank.
-    const int b = next_bucket_++;
-    buckets_[static_cast<size_t>(b)].start_us = now_us();
-    running_ = true;
-    lock.unlock();
-    Status st = run_bucket(b);
-    const double t = now_us();
-    lock.lock();
-    running_ = false;
-    buckets_[static_cast<size_t>(b)].done_us = t;
-    ++done_buckets_;
-    cv_.notify_all();
-    if (!st.ok()) {
-      lock.unlock();
-      (void)fail(st);
-      lock.lock();
-    }
-  }
-}
-
 // end()'s gradients never reported this step: an error without find_unused_parameters (the
 // caller then fails the engine); else each is unused: zeroed in its bucket, which may then be
 // ready. Called with mu_ held.
@@ -288,22 +242,13 @@ Status Engine::settle_unreported(const char* fn, double t_end) {
   return Status::Ok();
 }
 
-// The step's numbers per bucket (stats and trace). Called with mu_ held, every bucket done.
-void Engine::record_bucket_numbers() {
-  last_bytes_ = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    const Bucket& bk = buckets_[b];
-    last_bytes_ += bk.layout.count * dtype_size(bk.wire);
-    comm_engine_bucket_stats_t& s = last_buckets_[b];
-    s.first_param = bk.layout.params.empty() ? -1 : bk.layout.params.front();
-    s.num_params = static_cast<int>(bk.layout.params.size());
-    s.bytes = bk.layout.count * dtype_size(bk.wire);
-    s.ready_us = bk.ready_us - step_begin_us_;
-    s.start_us = bk.start_us - step_begin_us_;
-    s.done_us = bk.done_us - step_begin_us_;
-    trace_.span(Trace::kBucketQueued, static_cast<int64_t>(b), steps_ + 1, bk.ready_us, bk.start_us);
-    trace_.span(Trace::kBucketRun, static_cast<int64_t>(b), steps_ + 1, bk.start_us, bk.done_us);
-  }
+// overlap_forward: the numbers of the step whose end() returned early, once its partitions are
+// done (the next begin(), or destroy). mu_ held.
+void Engine::record_overlapped_step() {
+  step_unrecorded_ = false;
+  complete_step();
+  last_forward_wait_us_ = forward_wait_us_;
+  last_exposed_us_ = forward_wait_us_;
 }
 
 Status Engine::end() {
@@ -329,18 +274,23 @@ Status Engine::end() {
     return fail(st);
   }
   const double t_wait = now_us();
-  // Bounded: every bucket is ready now and each all-reduce ends within the timeout. A comm_abort
-  // on the trainer's communicator (the user cannot reach ours) ends the wait at once.
-  auto finished = [&] { return done_buckets_ == static_cast<int>(buckets_.size()) || !broken_.ok(); };
-  while (!cv_.wait_for(lock, std::chrono::milliseconds(20), finished)) {
-    if (parent_->aborted.load(std::memory_order_acquire)) {
-      lock.unlock();
-      return fail(Aborted(where(fn) + "the communicator the engine was created on was aborted (comm_abort)"), true);
-    }
+  if (opt_.overlap_forward && !learning_) {
+    // The partitions finish on the comm thread; comm_engine_wait(i) and the next begin() wait for them.
+    t_end_ = t_wait;
+    last_step_us_ = t_wait - step_begin_us_;
+    trace_.span(Trace::kStep, static_cast<int64_t>(steps_ + 1), steps_ + 1, step_begin_us_, t_wait);
+    step_unrecorded_ = true;
+    last_synced_ = true;
+    ++steps_;
+    ++synced_steps_;
+    in_step_ = false;
+    cv_.notify_all();
+    return Status::Ok();
   }
+  if (Status st = wait_comm_idle(lock, fn); !st.ok()) return st;
   const double t_done = now_us();
-  if (!broken_.ok()) return broken_;
-  record_bucket_numbers();  // before a rebuild replaces the buckets
+  complete_step();  // before a rebuild replaces the buckets
+  last_forward_wait_us_ = 0;
   if (learning_) {
     Status st = rebuild_from_rank0();
     if (!st.ok()) {

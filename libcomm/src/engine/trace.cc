@@ -34,14 +34,19 @@ std::string Trace::write() const {
   if (!on()) return "";
   FILE* f = std::fopen(path_.c_str(), "we");
   if (f == nullptr) return "cannot write trace file " + path_ + ": " + std::strerror(errno);
-  static const char* lane_names[] = {"step", "end() blocked", "bucket queued", "bucket all-reduce"};
+  static const char* lane_names[] = {"step",         "end() blocked",      "partition queued", "partition all-reduce",
+                                     "readiness round", "comm_engine_wait"};
   std::fprintf(f, "{\"traceEvents\":[\n");
   std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
-  for (int l = 0; l < 4; ++l)
+  for (int l = 0; l < kLanes; ++l)
     std::fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
                  rank_, l, lane_names[l]);
   for (const Event& e : events_) {
-    const char* what = e.lane == kStep ? "step" : e.lane == kEndWait ? "end() wait" : "bucket";
+    const char* what = e.lane == kStep      ? "step"
+                       : e.lane == kEndWait ? "end() wait"
+                       : e.lane == kRound   ? "round"
+                       : e.lane == kForwardWait ? "wait for gradient"
+                                            : "partition";
     std::fprintf(f,
                  ",\n{\"name\":\"%s %lld\",\"cat\":\"engine\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
                  "\"dur\":%.3f,\"args\":{\"step\":%llu}}",

@@ -11,8 +11,10 @@ namespace comm::engine {
 
 class Trace {
  public:
-  // Lanes of the picture: the trainer's thread (step, end() blocked) and the buckets.
-  enum Lane : int { kStep = 0, kEndWait = 1, kBucketQueued = 2, kBucketRun = 3 };
+  // Lanes of the picture: the trainer's thread (step, end() blocked, waits for one gradient), the
+  // partitions (queued, on the wire; id = partition) and the readiness rounds.
+  enum Lane : int { kStep = 0, kEndWait = 1, kBucketQueued = 2, kBucketRun = 3, kRound = 4, kForwardWait = 5 };
+  static constexpr int kLanes = 6;
 
   // path "" = off. %r in path becomes the rank.
   void open(const std::string& path, int rank, size_t max_events = 1 << 16);

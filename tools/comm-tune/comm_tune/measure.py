@@ -59,7 +59,7 @@ class Runner:
         if a.transport != "auto":
             cmd += ["--transport", a.transport]
         if a.nccl:
-            cmd += ["-G", "1"]  # device buffers and a stream: the NCCL path
+            cmd += ["--device", "1"]  # device buffers and a stream: the NCCL path
         return cmd
 
     def engine_command(self, model):
