@@ -41,7 +41,8 @@ for line in open(path, errors="replace"):
     if "INIT_SCALE " in line:
         rows.append({k: float(v) for k, v in (kv.split("=") for kv in line.split("INIT_SCALE ", 1)[1].split())})
 if len(rows) < n or rc != 0:
-    errs = [l.strip() for l in open(path, errors="replace") if "INIT_SCALE" not in l][-3:]
+    lines = [l.strip() for l in open(path, errors="replace") if "INIT_SCALE" not in l]
+    errs = ([l for l in lines if "init_scale:" in l] or lines)[:2] + lines[-1:]  # the first rank errors, the verdict
     print(f"{n:6d} {limit:>6} {wall:7.1f}  FAILED (rc {rc}, {len(rows)} of {n} ranks reported): " + " | ".join(errs))
     sys.exit(0)
 mx = lambda k: max(r[k] for r in rows)
