@@ -133,6 +133,15 @@ def main():
             print(f"{label[name]:>18} {med(times[name]):9.1f} {ratio:7.3f}x")
         for name, d in diffs.items():
             print(f"# {label[name]}: largest |parameter - torch DDP's| after the same steps: {d:.3g}")
+        for name in names:
+            if name == "gloo":
+                continue
+            st = models[name].stats()
+            parts = sorted(st["partitions"], key=lambda p: p["wire_order"])
+            print(f"# {label[name]} last step: comm {st['comm_us'] / 1e3:.0f} ms in {st['num_partitions']} partitions, "
+                  f"{st['rounds']} rounds ({st['round_us'] / 1e3:.1f} ms), exposed {st['exposed_comm_us'] / 1e3:.0f} ms, "
+                  f"forward waits {st['forward_wait_us'] / 1e3:.0f} ms; wire order by first parameter: "
+                  f"{[p['first_param'] for p in parts]}")
     for w in models.values():
         if hasattr(w, "close"):
             w.close()

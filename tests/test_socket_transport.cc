@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -84,6 +85,12 @@ World make_world(int n, int timeout_ms = kTestTimeoutMs) {
   return w;
 }
 
+std::string published_address_of(const std::shared_ptr<Store>& store, int rank) {
+  std::string address;
+  REQUIRE(store->get("addr/" + std::to_string(rank), &address, Deadline::after_ms(10000)).ok());
+  return address;
+}
+
 int configured_nconns() {
   int64_t n = 0;
   REQUIRE(params::get_int("COMM_SOCKET_NCONNS", 1, sock::kMaxConns, &n).ok());
@@ -116,15 +123,15 @@ std::string hello_bytes(int rank, int size, int index, int nconns, const std::st
 
 }  // namespace
 
-TEST_CASE("strangers at the listener are dropped and setup still completes", "[socket]") {
-  auto store = memory_store(unique_store_name());
+TEST_CASE("strangers at the listener are dropped and the job's connections still complete", "[socket]") {
+  World w = make_world(2);
+  std::string address = published_address_of(w.store, 0);
+  // Rank 0 waits on rank 1: its wait serves the listener (and dials rank 1).
+  uint32_t out = 0xC0FFEE, in = 0;
+  RequestId recv_id;
+  REQUIRE(w.ranks[0]->irecv(1, tag(1, 1), &in, sizeof in, &recv_id).ok());
   Status status0;
-  std::unique_ptr<Transport> t0;
-  std::thread rank0([&] { status0 = create_socket_transport(options_for(0, 2, store), &t0); });
-
-  // Rank 0 publishes its address before it waits for peers.
-  std::string address;
-  REQUIRE(store->get("addr/0", &address, Deadline::after_ms(10000)).ok());
+  std::thread rank0([&] { status0 = w.ranks[0]->wait(&recv_id, 1); });
 
   // 1. Random bytes: closed without a reply.
   int garbage = connect_to(address);
@@ -134,7 +141,7 @@ TEST_CASE("strangers at the listener are dropped and setup still completes", "[s
   REQUIRE(send_all(garbage, noise.data(), noise.size()));
   char byte;
   ssize_t n = recv_some(garbage, &byte, 1);
-  CHECK(n <= 0);  // EOF or reset: dropped, during setup
+  CHECK(n <= 0);  // EOF or reset: dropped
   ::close(garbage);
 
   // 2. A well-formed handshake with the wrong secret: refused with a reply, then closed.
@@ -148,48 +155,55 @@ TEST_CASE("strangers at the listener are dropped and setup still completes", "[s
   CHECK(recv_some(stranger, &byte, 1) <= 0);
   ::close(stranger);
 
-  // 3. A transport of another job: it fails fast, naming the secret; rank 0 keeps waiting.
+  // 3. A transport of another job: its first send fails fast, naming the secret; rank 0 keeps waiting.
   std::unique_ptr<Transport> wrong;
+  REQUIRE(create_socket_transport(options_for(1, 2, w.store, kTestTimeoutMs, "other-job"), &wrong).ok());
   auto start = std::chrono::steady_clock::now();
-  Status wrong_status = create_socket_transport(options_for(1, 2, store, kTestTimeoutMs, "other-job"), &wrong);
+  RequestId wrong_id;
+  REQUIRE(wrong->isend(0, tag(1, 1), &out, sizeof out, &wrong_id).ok());
+  Status wrong_status = wrong->wait(&wrong_id, 1);
   CHECK(wrong_status.code() == COMM_ERR_SYSTEM);
   CHECK_THAT(wrong_status.message(), Catch::Contains("secret"));
   CHECK(seconds_since(start) < 5.0);
 
-  // 4. The real rank 1 joins; both finish and the mesh works.
-  std::unique_ptr<Transport> t1;
-  Status status1 = create_socket_transport(options_for(1, 2, store), &t1);
+  // 4. The real rank 1 sends: rank 0's wait ends with its bytes.
+  RequestId send_id;
+  REQUIRE(w.ranks[1]->isend(0, tag(1, 1), &out, sizeof out, &send_id).ok());
+  Status status1 = w.ranks[1]->wait(&send_id, 1);
   rank0.join();
   INFO(status0.message() << " / " << status1.message());
   REQUIRE(status0.ok());
   REQUIRE(status1.ok());
-  uint32_t out = 0xC0FFEE, in = 0;
-  RequestId ids[2];
-  REQUIRE(t1->isend(0, tag(1, 1), &out, sizeof out, &ids[0]).ok());
-  REQUIRE(t0->irecv(1, tag(1, 1), &in, sizeof in, &ids[1]).ok());
-  REQUIRE(t0->wait(&ids[1], 1).ok());
-  REQUIRE(t1->wait(&ids[0], 1).ok());
   CHECK(in == out);
 }
 
-TEST_CASE("setup times out naming the ranks that never connected", "[socket]") {
+TEST_CASE("setup times out naming the ranks that never published their address", "[socket]") {
   auto store = memory_store(unique_store_name());
   std::unique_ptr<Transport> t0;
   auto start = std::chrono::steady_clock::now();
   Status st = create_socket_transport(options_for(0, 3, store, 300), &t0);
   CHECK(st.code() == COMM_ERR_TIMEOUT);
-  CHECK_THAT(st.message(), Catch::Contains("rank(s) 1, 2 never connected"));
+  CHECK_THAT(st.message(), Catch::Contains("rank(s) 1, 2 never published"));
   CHECK(seconds_since(start) < 1.5);
 }
 
 TEST_CASE("garbage from an authenticated peer closes its connection, never crashes", "[socket]") {
   auto store = memory_store(unique_store_name());
   const int nconns = configured_nconns();
-  Status status0;
+  // Rank 1 is this test: it publishes a listener that never answers, and dials rank 0 by hand.
+  sock::Fd fake_listener;
+  sock::SockAddr fake_bound;
+  REQUIRE(sock::listen_on("127.0.0.1", AF_INET, 8, &fake_listener, &fake_bound).ok());
+  REQUIRE(store->set("addr/1", sock::format_address(fake_bound)).ok());
   std::unique_ptr<Transport> t0;
-  std::thread rank0([&] { status0 = create_socket_transport(options_for(0, 2, store), &t0); });
-  std::string address;
-  REQUIRE(store->get("addr/0", &address, Deadline::after_ms(10000)).ok());
+  REQUIRE(create_socket_transport(options_for(0, 2, store), &t0).ok());
+  std::string address = published_address_of(store, 0);
+
+  std::vector<uint8_t> buf(16);
+  RequestId id;
+  REQUIRE(t0->irecv(1, tag(1, 4), buf.data(), buf.size(), &id).ok());  // rank 0 dials rank 1 now
+  Status st;
+  std::thread rank0([&] { st = t0->wait(&id, 1); });
   std::vector<int> fake(static_cast<size_t>(nconns));
   for (int k = 0; k < nconns; ++k) {
     fake[static_cast<size_t>(k)] = connect_to(address);
@@ -197,10 +211,9 @@ TEST_CASE("garbage from an authenticated peer closes its connection, never crash
     REQUIRE(send_all(fake[static_cast<size_t>(k)], hello.data(), hello.size()));
     sock::Reply reply{};
     REQUIRE(recv_some(fake[static_cast<size_t>(k)], &reply, sizeof reply) == static_cast<ssize_t>(sizeof reply));
+    // Both dialed: the higher rank's dial (this one) wins.
     REQUIRE(reply.code == static_cast<uint32_t>(sock::ReplyCode::kOk));
   }
-  rank0.join();
-  REQUIRE(status0.ok());
 
   // A header whose part lies far outside its message.
   sock::FrameHeader h{};
@@ -212,10 +225,7 @@ TEST_CASE("garbage from an authenticated peer closes its connection, never crash
   h.offset = 8;
   h.length = uint64_t{1} << 40;
   REQUIRE(send_all(fake[0], &h, sizeof h));
-  std::vector<uint8_t> buf(16);
-  RequestId id;
-  REQUIRE(t0->irecv(1, tag(1, 4), buf.data(), buf.size(), &id).ok());
-  Status st = t0->wait(&id, 1);
+  rank0.join();
   CHECK(st.code() == COMM_ERR_REMOTE);
   CHECK_THAT(st.message(), Catch::Contains("rank 1 sent a malformed frame"));
   for (int fd : fake) ::close(fd);
@@ -316,4 +326,155 @@ TEST_CASE("IPv6 addresses are bracketed, parsed back and reachable", "[socket]")
   CHECK(parsed.family() == AF_INET6);
   CHECK(sock::parse_address("192.0.2.2", &parsed).code() == COMM_ERR_INVALID_ARGUMENT);
   CHECK(sock::parse_address("192.0.2.2:99999", &parsed).code() == COMM_ERR_INVALID_ARGUMENT);
+}
+
+// ---- connections made on first use (mesh.h) ---------------------------------------------------
+
+namespace {
+
+int open_fds() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+// Every rank sends `bytes` to each listed peer and receives as much from it, all posted at once.
+std::vector<std::string> exchange_with(World& w, int n, uint64_t seq, size_t bytes,
+                                       const std::function<std::vector<int>(int)>& peers_of) {
+  return run_ranks(n, [&](int r) -> std::string {
+    Transport& t = *w.ranks[static_cast<size_t>(r)];
+    std::vector<int> peers = peers_of(r);
+    std::vector<std::vector<uint8_t>> out(peers.size()), in(peers.size());
+    std::vector<RequestId> ids;
+    for (size_t k = 0; k < peers.size(); ++k) {
+      out[k].resize(bytes);
+      for (size_t i = 0; i < bytes; ++i) out[k][i] = pattern(r, seq, i);
+      in[k].assign(bytes, 0xEE);
+      RequestId id;
+      Status st = t.isend(peers[k], tag(seq, bytes), out[k].data(), bytes, &id);
+      if (!st.ok()) return "isend: " + st.message();
+      ids.push_back(id);
+      st = t.irecv(peers[k], tag(seq, bytes), in[k].data(), bytes, &id);
+      if (!st.ok()) return "irecv: " + st.message();
+      ids.push_back(id);
+    }
+    Status st = t.wait(ids.data(), ids.size());
+    if (!st.ok()) return st.message();
+    for (size_t k = 0; k < peers.size(); ++k)
+      for (size_t i = 0; i < bytes; ++i)
+        if (in[k][i] != pattern(peers[k], seq, i))
+          return "from rank " + std::to_string(peers[k]) + ": byte " + std::to_string(i) + " is wrong";
+    return "";
+  });
+}
+
+std::vector<std::string> ok_for(int n) { return std::vector<std::string>(static_cast<size_t>(n), ""); }
+
+}  // namespace
+
+TEST_CASE("lazy: every pair dials at once from both sides, one connection per index survives", "[socket][lazy]") {
+  const int n = 6, nconns = configured_nconns();
+  const int before = open_fds();
+  World w = make_world(n);
+  CHECK(open_fds() - before == 2 * n);  // a listener and an eventfd each; no connection yet
+  auto everyone_else = [&](int r) {
+    std::vector<int> peers;
+    for (int p = 0; p < n; ++p)
+      if (p != r) peers.push_back(p);
+    return peers;
+  };
+  // Large enough to stripe: every connection index carries bytes both ways.
+  CHECK(exchange_with(w, n, 1, 300 * 1024, everyone_else) == ok_for(n));
+  // Dials that lost are closed once their acceptor looks at them again; each round lets it.
+  const int expected = 2 * n + n * (n - 1) * nconns;
+  int fds = open_fds() - before;
+  for (int round = 2; round < 8 && fds != expected; ++round) {
+    CHECK(exchange_with(w, n, static_cast<uint64_t>(round), 8, everyone_else) == ok_for(n));
+    fds = open_fds() - before;
+  }
+  CHECK(fds == expected);
+}
+
+TEST_CASE("lazy: a peer first needed in the middle of a job is connected then, and only then", "[socket][lazy]") {
+  const int n = 8, nconns = configured_nconns();
+  const int before = open_fds();
+  World w = make_world(n);
+  auto ring = [&](int r) { return std::vector<int>{(r + 1) % n, (r + n - 1) % n}; };
+  for (uint64_t round = 1; round <= 3; ++round) CHECK(exchange_with(w, n, round, 1000, ring) == ok_for(n));
+  // n neighbour pairs, both ends in this process; small messages use connection 0 only.
+  const int ring_fds = 2 * n + n * 2;
+  CHECK(open_fds() - before == ring_fds);
+  // Now rank 0 and rank 4 (never neighbours) talk; the ring goes on alongside.
+  auto far = [&](int r) {
+    std::vector<int> peers = ring(r);
+    if (r == 0) peers.push_back(4);
+    if (r == 4) peers.push_back(0);
+    return peers;
+  };
+  CHECK(exchange_with(w, n, 4, 1 << 20, far) == ok_for(n));
+  CHECK(exchange_with(w, n, 5, 8, far) == ok_for(n));
+  // The 1 MiB round is striped: every pair that carried it has all its connections now.
+  CHECK(open_fds() - before == 2 * n + (n + 1) * 2 * nconns);
+}
+
+TEST_CASE("lazy: a rank that died before its first connection fails the caller promptly, named", "[socket][lazy]") {
+  World w = make_world(3);
+  w.ranks[2].reset();  // gone: its listener with it
+  uint32_t out = 7;
+  RequestId id;
+  auto start = std::chrono::steady_clock::now();
+  REQUIRE(w.ranks[0]->isend(2, tag(1, 1), &out, sizeof out, &id).ok());
+  Status st = w.ranks[0]->wait(&id, 1);
+  CHECK(st.code() == COMM_ERR_REMOTE);
+  CHECK_THAT(st.message(), Catch::Contains("rank 2 refused the connection"));
+  CHECK_THAT(st.message(), Catch::Contains("did it exit or crash?"));
+  CHECK(seconds_since(start) < 5.0);  // the timeout is 20 s
+}
+
+TEST_CASE("eager: COMM_SOCKET_EAGER=1 connects every pair at setup", "[socket][eager]") {
+  EnvGuard eager("COMM_SOCKET_EAGER", "1");
+  const int n = 4, nconns = configured_nconns();
+  const int before = open_fds();
+  World w = make_world(n);
+  CHECK(open_fds() - before == 2 * n + n * (n - 1) * nconns);
+  auto everyone_else = [&](int r) {
+    std::vector<int> peers;
+    for (int p = 0; p < n; ++p)
+      if (p != r) peers.push_back(p);
+    return peers;
+  };
+  CHECK(exchange_with(w, n, 1, 4096, everyone_else) == ok_for(n));
+  CHECK(open_fds() - before == 2 * n + n * (n - 1) * nconns);
+  EnvGuard bad("COMM_SOCKET_EAGER", "yes");
+  std::unique_ptr<Transport> t;
+  CHECK(create_socket_transport(options_for(0, 2, memory_store(unique_store_name())), &t).code() ==
+        COMM_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("a rank that cannot listen fails every rank at setup, named, not at the timeout", "[socket][lazy]") {
+  auto store = memory_store(unique_store_name());
+  const int n = 3;
+  std::vector<Status> status(n);
+  std::vector<std::unique_ptr<Transport>> t(n);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      Options o = options_for(r, n, store);
+      if (r == 1) o.listen = {"192.0.2.256", AF_INET, "a test's unusable address"};
+      status[static_cast<size_t>(r)] = create_socket_transport(o, &t[static_cast<size_t>(r)]);
+    });
+  for (auto& th : threads) th.join();
+  CHECK(seconds_since(start) < 5.0);  // the timeout is 20 s
+  for (int r : {0, 2}) {
+    INFO("rank " << r << ": " << status[static_cast<size_t>(r)].message());
+    CHECK(status[static_cast<size_t>(r)].code() == COMM_ERR_SYSTEM);
+    const std::string& text = status[static_cast<size_t>(r)].message();
+    CHECK_THAT(text, Catch::Contains("rank 1 could not set up its socket transport"));
+    CHECK_THAT(text, Catch::Contains("192.0.2.256"));
+  }
+  CHECK(!status[1].ok());
 }

@@ -55,6 +55,9 @@ const std::vector<Param>& all() {
        "interfaces for data and rendezvous (NCCL_SOCKET_IFNAME syntax); falls back to NCCL_SOCKET_IFNAME",
        nullptr},
       {"COMM_SOCKET_NCONNS", Type::kInt, "2", "TCP connections per peer; large messages are striped", nullptr},
+      {"COMM_SOCKET_EAGER", Type::kInt, "0",
+       "1: the socket transport connects every pair of ranks at init (a full mesh, connection errors at init); "
+       "0: a peer is connected when an operation first needs it", nullptr},
       {"COMM_HOST_ID", Type::kString, "", "ranks with the same value are on the same host", nullptr},
       {"COMM_ALGO", Type::kString, "",
        "force an algorithm, e.g. ring or recursive_doubling (falls back when it cannot run)", nullptr},

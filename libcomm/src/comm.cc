@@ -298,9 +298,16 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   c->world_ranks.resize(static_cast<size_t>(c->size));
   for (int r = 0; r < c->size; ++r) c->world_ranks[static_cast<size_t>(r)] = r;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
+  // The address tables are read: released before the barrier, so once rank 0 passes it every
+  // rank has let go of its store connection.
+  c->job_store->release_idle();
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
   // Asked for NCCL: made now, so a job that cannot have it fails here, on every rank, saying why.
   if (c->settings.transport == "nccl") COMM_RETURN_IF_ERROR(device::init_forced(c.get()));
+  // Up: the store is needed again only by comm_split/dup, which reconnect (docs/design.md,
+  // "Connections"); rank 0 then holds no connection per rank for the job's life. (NCCL may
+  // have used it just now.)
+  c->job_store->release_idle();
   if (log::enabled(log::Level::kInfo, log::kInit)) {
     std::string vars;
     for (const auto& v : params::set_variables()) vars += " " + v;
@@ -334,6 +341,7 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
   c->all_local = renumber.size() == 1;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
+  c->job_store->release_idle();
   COMM_INFO(kInit, "comm %s: rank %d of %d ready (transport %s)", id.c_str(), rank, c->size, c->transport->name());
   *out = c.release();
   return Status::Ok();

@@ -1,6 +1,5 @@
 #include "socket/mesh.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,26 +16,38 @@ namespace {
 constexpr size_t kMaxPendingAccepts = 64;  // half-open strangers we keep before shedding the oldest
 constexpr int kFirstBackoffMs = 10;
 constexpr int kMaxBackoffMs = 500;
+// Refused this often: nothing listens at the peer's address. Listeners stay open for the job's
+// life and are published only once listening, so the peer is gone; a few tries ride out a
+// transient, then the caller fails now instead of at its timeout.
+constexpr int kRefusalsMeanGone = 3;
+
+// Per connection slot (linked_).
+constexpr uint8_t kNotLinked = 0;
+constexpr uint8_t kLinked = 1;
+constexpr uint8_t kPeerDials = 2;  // our dial was answered kYield: the peer's arrives
 
 enum class OutState { kWaitRetry, kConnecting, kSendHello, kAwaitReply, kDone };
 
-struct Outgoing {
+}  // namespace
+
+struct Mesh::Outgoing {
   int peer = 0;
   int index = 0;
   SockAddr addr;
-  std::string addr_text;
   std::string hello;  // Hello + secret
   OutState state = OutState::kWaitRetry;
   Fd fd;
+  bool unusable = false;  // the published address does not parse
   Clock::time_point retry_at{};
   int backoff_ms = kFirstBackoffMs;
+  int refusals = 0;
   size_t sent = 0;
   Reply reply{};
   size_t got = 0;
   std::string last_error = "not tried yet";
 };
 
-struct Incoming {
+struct Mesh::Incoming {
   Fd fd;
   std::string remote;
   Hello hello{};
@@ -44,141 +55,216 @@ struct Incoming {
   size_t got = 0;  // bytes of Hello + secret received so far
 };
 
-class MeshBuilder {
- public:
-  MeshBuilder(const MeshConfig& config, std::vector<MeshLink>* links) : c_(config), links_(links) {}
-  Status run();
+Mesh::Mesh(MeshConfig config) : c_(std::move(config)) {
+  linked_.assign(static_cast<size_t>(c_.size) * static_cast<size_t>(c_.nconns), 0);
+}
 
- private:
-  Status read_addresses();
-  void accept_all();
-  Status on_incoming(Incoming& in);
-  Status validate(Incoming& in);
-  bool reply(Incoming& in, ReplyCode code, uint32_t value);
-  void drop(Incoming& in, const std::string& why);
-  void start_connect(Outgoing& o);
-  Status on_outgoing(Outgoing& o);
-  Status refused(const Outgoing& o);
-  void retry(Outgoing& o, const std::string& why);
-  Status timeout_status() const;
-  std::string me() const { return c_.label + (c_.label.empty() ? "" : " ") + "rank " + std::to_string(c_.rank); }
+Mesh::~Mesh() = default;
 
-  const MeshConfig& c_;
-  std::vector<MeshLink>* links_;
-  Deadline deadline_ = Deadline::never();
-  Fd listener_;
-  std::string listen_text_;
-  int expected_in_ = 0;
-  int connected_in_ = 0;
-  size_t done_out_ = 0;
-  std::vector<Incoming> incoming_;
-  std::vector<Outgoing> outgoing_;
-};
+std::string Mesh::me() const { return c_.label + (c_.label.empty() ? "" : " ") + "rank " + std::to_string(c_.rank); }
 
-Status MeshBuilder::run() {
-  deadline_ = Deadline::after_ms(c_.timeout_ms);
-  links_->clear();
-  links_->resize(static_cast<size_t>(c_.size) * static_cast<size_t>(c_.nconns));
-  expected_in_ = (c_.size - 1 - c_.rank) * c_.nconns;
-
+Status Mesh::start() {
   SockAddr bound;
+  // The backlog covers every peer dialing at once (the kernel caps it at somaxconn).
   Status st = listen_on(c_.host, c_.family, c_.size * c_.nconns + 16, &listener_, &bound);
-  if (!st.ok()) return st.prefixed(me() + ": socket transport: ");
+  if (!st.ok()) {
+    if (posix::out_of_fds(errno)) st = SystemError(posix::out_of_fds_text(errno, "opening its listening socket"));
+    st = st.prefixed(me() + ": socket transport: ");
+    // Told through the table, every rank fails now naming this one instead of timing out.
+    (void)c_.store->set("addr/" + std::to_string(c_.rank), "!" + st.message());
+    return st;
+  }
   listen_text_ = format_address(bound);
   // Published before anything waits: a test (or an operator's probe) can find it here.
   COMM_RETURN_IF_ERROR(c_.store->set("addr/" + std::to_string(c_.rank), listen_text_));
   COMM_INFO(kNet, "%s: socket transport listening on %s", me().c_str(), listen_text_.c_str());
-  COMM_RETURN_IF_ERROR(read_addresses());
-
-  std::vector<pollfd> pfds;
-  std::vector<int> owner;  // -1 listener, [0, incoming) incoming, then outgoing
-  while (connected_in_ < expected_in_ || done_out_ < outgoing_.size()) {
-    Clock::time_point now = Clock::now();
-    if (now >= deadline_.at()) return timeout_status();
-    pfds.clear();
-    owner.clear();
-    if (connected_in_ < expected_in_) {
-      pfds.push_back({listener_.get(), POLLIN, 0});
-      owner.push_back(-1);
-    }
-    for (size_t i = 0; i < incoming_.size(); ++i) {
-      pfds.push_back({incoming_[i].fd.get(), POLLIN, 0});
-      owner.push_back(static_cast<int>(i));
-    }
-    Clock::time_point wake = deadline_.at();
-    for (size_t i = 0; i < outgoing_.size(); ++i) {
-      Outgoing& o = outgoing_[i];
-      if (o.state == OutState::kWaitRetry && now >= o.retry_at) start_connect(o);
-      short events = 0;
-      if (o.state == OutState::kWaitRetry) wake = std::min(wake, o.retry_at);
-      if (o.state == OutState::kConnecting || o.state == OutState::kSendHello) events = POLLOUT;
-      if (o.state == OutState::kAwaitReply) events = POLLIN;
-      if (events == 0) continue;
-      pfds.push_back({o.fd.get(), events, 0});
-      owner.push_back(static_cast<int>(incoming_.size() + i));
-    }
-    auto left_us = std::chrono::duration_cast<std::chrono::microseconds>(wake - now).count();
-    int timeout_ms = static_cast<int>(std::clamp<int64_t>((left_us + 999) / 1000, 0, 1000));
-    int rc = ::poll(pfds.data(), pfds.size(), timeout_ms);
-    if (rc < 0 && errno != EINTR) return SystemError(me() + ": poll() failed during setup: " + errno_string(errno));
-    if (rc <= 0) continue;
-
-    size_t n_incoming = incoming_.size();
-    bool accept_ready = false;
-    for (size_t k = 0; k < pfds.size(); ++k) {
-      if (pfds[k].revents == 0) continue;
-      int who = owner[k];
-      if (who < 0) {
-        accept_ready = true;
-      } else if (static_cast<size_t>(who) < n_incoming) {
-        if (incoming_[static_cast<size_t>(who)].fd.valid())
-          COMM_RETURN_IF_ERROR(on_incoming(incoming_[static_cast<size_t>(who)]));
-      } else {
-        COMM_RETURN_IF_ERROR(on_outgoing(outgoing_[static_cast<size_t>(who) - n_incoming]));
-      }
-    }
-    std::erase_if(incoming_, [](const Incoming& in) { return !in.fd.valid(); });
-    if (accept_ready) accept_all();
-  }
-  COMM_INFO(kNet, "%s: socket mesh complete (%d ranks, %d connections per peer)", me().c_str(), c_.size, c_.nconns);
-  return Status::Ok();  // the listener and any stranger still pending close here
+  return read_table();
 }
 
-Status MeshBuilder::read_addresses() {
-  for (int peer = 0; peer < c_.rank; ++peer) {
-    std::string text;
-    Status st = c_.store->get("addr/" + std::to_string(peer), &text, deadline_);
-    if (!st.ok())
-      return Status(st.code(), me() + ": rank " + std::to_string(peer) +
-                                   " never published its socket address (did it start?): " + st.message());
-    SockAddr addr;
-    st = parse_address(text, &addr);
-    if (!st.ok()) return Internal(me() + ": rank " + std::to_string(peer) + " published " + st.message());
-    for (int index = 0; index < c_.nconns; ++index) {
-      Outgoing o;
-      o.peer = peer;
-      o.index = index;
-      o.addr = addr;
-      o.addr_text = text;
-      Hello h{kHelloMagic, kProtocolVersion, c_.rank, c_.size, static_cast<uint32_t>(index),
-              static_cast<uint32_t>(c_.nconns), static_cast<uint32_t>(c_.secret.size())};
-      o.hello.assign(reinterpret_cast<const char*>(&h), sizeof h);
-      o.hello += c_.secret;
-      o.retry_at = Clock::now();
-      outgoing_.push_back(std::move(o));
+// Rank 0 gathers "addr/<r>" into "addrs"; every other rank reads that one key.
+Status Mesh::read_table() {
+  Deadline deadline = Deadline::after_ms(c_.timeout_ms);
+  addrs_.assign(static_cast<size_t>(c_.size), "");
+  addrs_[static_cast<size_t>(c_.rank)] = listen_text_;
+  if (c_.rank == 0) {
+    std::string missing, table = listen_text_;
+    for (int peer = 1; peer < c_.size; ++peer) {
+      std::string text;
+      // Past the deadline the rest are only looked at, so the message lists every missing rank.
+      Deadline until = missing.empty() ? deadline : Deadline::after_ms(0);
+      Status st = c_.store->get("addr/" + std::to_string(peer), &text, until);
+      if (!st.ok()) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+        continue;
+      }
+      addrs_[static_cast<size_t>(peer)] = text;
+      table += "\n" + text;
     }
+    if (!missing.empty())
+      return Timeout(me() + ": socket transport setup timed out after " + std::to_string(c_.timeout_ms) +
+                     " ms: rank(s) " + missing +
+                     " never published their socket address (did they start? are they stuck before their socket "
+                     "setup?)");
+    COMM_RETURN_IF_ERROR(c_.store->set("addrs", table));
+  } else {
+    std::string table;
+    Status st = c_.store->get("addrs", &table, deadline);
+    if (!st.ok())
+      return Status(st.code(), me() + ": rank 0 never published the socket address table (did every rank start?): " +
+                                   st.message());
+    size_t pos = 0;
+    for (int peer = 0; peer < c_.size; ++peer) {
+      size_t end = table.find('\n', pos);
+      if (end == std::string::npos) end = table.size();
+      if (pos > table.size()) return Internal(me() + ": the socket address table has fewer than " +
+                                              std::to_string(c_.size) + " entries (different world sizes?)");
+      if (peer != c_.rank) addrs_[static_cast<size_t>(peer)] = table.substr(pos, end - pos);
+      pos = end + 1;
+    }
+  }
+  for (int peer = 0; peer < c_.size; ++peer) {
+    const std::string& text = addrs_[static_cast<size_t>(peer)];
+    if (!text.empty() && text[0] == '!')
+      return SystemError(me() + ": rank " + std::to_string(peer) + " could not set up its socket transport: " +
+                         text.substr(1));
   }
   return Status::Ok();
 }
 
-void MeshBuilder::accept_all() {
+Status Mesh::connect_all(std::vector<MeshLink>* done) {
+  // The higher rank dials (the rule that wins anyway): nobody's dial is answered kYield.
+  for (int peer = 0; peer < c_.rank; ++peer) want(peer, c_.nconns);
+  const size_t expected = static_cast<size_t>(c_.size - 1) * static_cast<size_t>(c_.nconns);
+  Deadline deadline = Deadline::after_ms(c_.timeout_ms);
+  std::vector<pollfd> pfds;
+  std::vector<MeshFailure> failed;
+  while (connected_ < expected) {
+    if (!failed.empty())
+      return SystemError(me() + ": socket transport setup: rank " + std::to_string(failed[0].peer) + " " +
+                         failed[0].reason);
+    Clock::time_point now = Clock::now();
+    if (now >= deadline.at()) {
+      std::string missing;
+      for (int peer = c_.rank + 1; peer < c_.size; ++peer)
+        if (linked_[slot(peer, 0)] != kLinked || linked_[slot(peer, c_.nconns - 1)] != kLinked)
+          missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+      std::string text = me() + ": socket transport setup timed out after " + std::to_string(c_.timeout_ms) +
+                         " ms (listening on " + listen_text_ + ")";
+      if (!missing.empty()) text += ": rank(s) " + missing + " never connected to this rank";
+      int last_peer = -1;
+      for (const auto& o : outgoing_) {
+        if (o.state == OutState::kDone || o.peer == last_peer) continue;
+        last_peer = o.peer;
+        text += "; could not connect to rank " + std::to_string(o.peer) + " at " + addrs_[static_cast<size_t>(o.peer)] +
+                " (last error: " + o.last_error + ")";
+      }
+      return Timeout(text);
+    }
+    pfds.clear();
+    Clock::time_point wake = std::min(deadline.at(), now + std::chrono::seconds(1));
+    add_polls(&pfds, &wake);
+    int timeout_ms = static_cast<int>(std::clamp<int64_t>(
+        std::chrono::ceil<std::chrono::milliseconds>(wake - now).count(), 0, 1000));
+    int rc = ::poll(pfds.data(), pfds.size(), timeout_ms);
+    if (rc < 0 && errno != EINTR) return SystemError(me() + ": poll() failed during setup: " + errno_string(errno));
+    if (rc > 0) COMM_RETURN_IF_ERROR(on_poll(pfds.data(), pfds.size(), done, &failed));
+    on_time(&failed);
+  }
+  COMM_INFO(kNet, "%s: socket mesh complete (%d ranks, %d connections per peer)", me().c_str(), c_.size, c_.nconns);
+  return Status::Ok();
+}
+
+void Mesh::want(int peer, int count) {
+  if (peer < 0 || peer >= c_.size || peer == c_.rank) return;
+  for (int index = 0; index < std::min(count, c_.nconns); ++index) {
+    if (linked_[slot(peer, index)] != kNotLinked) continue;  // up, or the peer dials it
+    bool under_way = false;
+    for (const auto& o : outgoing_)
+      under_way = under_way || (o.peer == peer && o.index == index && o.state != OutState::kDone);
+    if (under_way) continue;
+    Outgoing o;
+    o.peer = peer;
+    o.index = index;
+    o.retry_at = Clock::now();
+    const std::string& text = addrs_[static_cast<size_t>(peer)];
+    if (!parse_address(text, &o.addr).ok()) {
+      o.last_error = "published an unreadable socket address '" + text + "'";
+      o.unusable = true;
+    }
+    Hello h{kHelloMagic, kProtocolVersion, c_.rank, c_.size, static_cast<uint32_t>(index),
+            static_cast<uint32_t>(c_.nconns), static_cast<uint32_t>(c_.secret.size())};
+    o.hello.assign(reinterpret_cast<const char*>(&h), sizeof h);
+    o.hello += c_.secret;
+    COMM_INFO(kNet, "%s: connecting to rank %d (connection #%d) at %s, first needed now", me().c_str(), peer, index,
+              text.c_str());
+    outgoing_.push_back(std::move(o));
+  }
+}
+
+void Mesh::add_polls(std::vector<pollfd>* pfds, Clock::time_point* wake) {
+  if (listener_.valid()) pfds->push_back({listener_.get(), POLLIN, 0});
+  for (auto& in : incoming_) pfds->push_back({in.fd.get(), POLLIN, 0});
+  for (auto& o : outgoing_) {
+    short events = 0;
+    if (o.state == OutState::kWaitRetry) *wake = std::min(*wake, std::max(o.retry_at, Clock::now()));
+    if (o.state == OutState::kConnecting || o.state == OutState::kSendHello) events = POLLOUT;
+    if (o.state == OutState::kAwaitReply) events = POLLIN;
+    // Every outgoing gets an entry (events 0 while it waits to retry): on_poll maps by position.
+    pfds->push_back({events != 0 ? o.fd.get() : -1, events, 0});
+  }
+}
+
+Status Mesh::on_poll(const pollfd* pfds, size_t n, std::vector<MeshLink>* done, std::vector<MeshFailure>* failed) {
+  COMM_RETURN_IF_ERROR(fatal_);
+  size_t k = 0;
+  bool accept_ready = false;
+  if (listener_.valid() && k < n) accept_ready = (pfds[k++].revents & POLLIN) != 0;
+  const size_t n_in = incoming_.size(), n_out = outgoing_.size();
+  for (size_t i = 0; i < n_in && k < n; ++i, ++k)
+    if (pfds[k].revents != 0 && incoming_[i].fd.valid()) COMM_RETURN_IF_ERROR(on_incoming(incoming_[i], done));
+  for (size_t i = 0; i < n_out && k < n; ++i, ++k)
+    if (pfds[k].revents != 0 && outgoing_[i].state != OutState::kDone)
+      COMM_RETURN_IF_ERROR(on_outgoing(outgoing_[i], done, failed));
+  std::erase_if(incoming_, [](const Incoming& in) { return !in.fd.valid(); });
+  std::erase_if(outgoing_, [](const Outgoing& o) { return o.state == OutState::kDone; });
+  if (accept_ready) COMM_RETURN_IF_ERROR(accept_all());
+  return Status::Ok();
+}
+
+void Mesh::on_time(std::vector<MeshFailure>* failed) {
+  Clock::time_point now = Clock::now();
+  for (auto& o : outgoing_) {
+    if (o.state == OutState::kDone) continue;
+    // Lazy dials retry until the caller's wait times out (naming the peer); only an address
+    // that cannot be dialed at all fails at once.
+    if (o.unusable) {
+      give_up(o, o.last_error, false, failed);
+      continue;
+    }
+    if (o.state == OutState::kWaitRetry && now >= o.retry_at) {
+      Status st = start_connect(o);
+      if (!st.ok() && fatal_.ok()) fatal_ = st;
+      if (o.state == OutState::kWaitRetry && o.refusals >= kRefusalsMeanGone)
+        give_up(o, "refused the connection at " + addrs_[static_cast<size_t>(o.peer)] +
+                       " (nothing listens there any more)", true, failed);
+    }
+  }
+  std::erase_if(outgoing_, [](const Outgoing& o) { return o.state == OutState::kDone; });
+}
+
+Status Mesh::accept_all() {
   for (;;) {
     int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (posix::out_of_fds(errno)) {
+        fatal_ = SystemError(me() + ": socket transport " +
+                             posix::out_of_fds_text(errno, "accepting a peer's connection"));
+        return fatal_;
+      }
       if (errno != EAGAIN && errno != EWOULDBLOCK)
         COMM_WARN(kNet, "%s: accept() failed: %s", me().c_str(), errno_string(errno).c_str());
-      return;
+      return Status::Ok();
     }
     Incoming in;
     in.fd.reset(fd);
@@ -191,7 +277,7 @@ void MeshBuilder::accept_all() {
   }
 }
 
-Status MeshBuilder::on_incoming(Incoming& in) {
+Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
   for (;;) {
     size_t want = sizeof(Hello) + (in.got >= sizeof(Hello) ? in.hello.secret_len : 0);
     if (in.got == want) break;
@@ -204,7 +290,8 @@ Status MeshBuilder::on_incoming(Incoming& in) {
     }
     ssize_t n = ::recv(in.fd.get(), dst, want - in.got, MSG_DONTWAIT);
     if (n == 0) {
-      drop(in, "closed the connection before completing the handshake");
+      // Quiet: a dial that lost to the peer's own (see validate) ends this way.
+      drop(in, "closed the connection before completing the handshake", true);
       return Status::Ok();
     }
     if (n < 0) {
@@ -219,7 +306,7 @@ Status MeshBuilder::on_incoming(Incoming& in) {
     }
     if (in.got == sizeof(Hello)) {
       if (in.hello.version != kProtocolVersion) {
-        reply(in, ReplyCode::kBadVersion, kProtocolVersion);
+        reply(in, static_cast<uint32_t>(ReplyCode::kBadVersion), kProtocolVersion);
         drop(in, "speaks wire protocol version " + std::to_string(in.hello.version) + ", this rank " +
                      std::to_string(kProtocolVersion));
         return Status::Ok();
@@ -230,68 +317,102 @@ Status MeshBuilder::on_incoming(Incoming& in) {
       }
     }
   }
-  return validate(in);
+  return validate(in, done);
 }
 
-Status MeshBuilder::validate(Incoming& in) {
+Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
   const Hello& h = in.hello;
   if (!posix::constant_time_equal(std::string_view(in.secret.data(), in.secret.size()), c_.secret)) {
-    reply(in, ReplyCode::kBadSecret, 0);
+    reply(in, static_cast<uint32_t>(ReplyCode::kBadSecret), 0);
     drop(in, "presented a wrong job secret (claimed rank " + std::to_string(h.rank) + ")");
     return Status::Ok();
   }
   // From here on the peer holds this job's secret: a disagreement is the job's misconfiguration.
   std::string who = "rank " + std::to_string(h.rank) + " at " + in.remote;
   if (h.size != c_.size) {
-    reply(in, ReplyCode::kSizeMismatch, static_cast<uint32_t>(c_.size));
+    reply(in, static_cast<uint32_t>(ReplyCode::kSizeMismatch), static_cast<uint32_t>(c_.size));
     drop(in, "has world size " + std::to_string(h.size));
     return InvalidUsage(me() + ": " + who + " has world size " + std::to_string(h.size) + " but this rank has " +
                         std::to_string(c_.size));
   }
   if (h.nconns != static_cast<uint32_t>(c_.nconns)) {
-    reply(in, ReplyCode::kNconnsMismatch, static_cast<uint32_t>(c_.nconns));
+    reply(in, static_cast<uint32_t>(ReplyCode::kNconnsMismatch), static_cast<uint32_t>(c_.nconns));
     drop(in, "uses " + std::to_string(h.nconns) + " connections per peer");
     return InvalidUsage(me() + ": " + who + " uses COMM_SOCKET_NCONNS=" + std::to_string(h.nconns) +
                         " but this rank uses " + std::to_string(c_.nconns) + "; set the same value on every rank");
   }
-  if (h.rank <= c_.rank || h.rank >= c_.size || h.conn_index >= h.nconns) {
-    reply(in, ReplyCode::kBadRank, 0);
+  if (h.rank < 0 || h.rank == c_.rank || h.rank >= c_.size || h.conn_index >= h.nconns) {
+    reply(in, static_cast<uint32_t>(ReplyCode::kBadRank), 0);
     drop(in, "claimed rank " + std::to_string(h.rank) + " connection #" + std::to_string(h.conn_index) +
                  ", which never connects to this rank");
     return Status::Ok();
   }
-  MeshLink& link = (*links_)[static_cast<size_t>(h.rank) * static_cast<size_t>(c_.nconns) + h.conn_index];
-  if (link.fd.valid()) {
-    reply(in, ReplyCode::kDuplicate, 0);
-    drop(in, "claimed rank " + std::to_string(h.rank) + " connection #" + std::to_string(h.conn_index) +
-                 ", which is already connected");
+  const int index = static_cast<int>(h.conn_index);
+  if (linked_[slot(h.rank, index)] == kLinked) {
+    // A dial that crossed ours and lost: quiet, it is part of the protocol.
+    reply(in, static_cast<uint32_t>(ReplyCode::kDuplicate), 0);
+    drop(in, "claimed rank " + std::to_string(h.rank) + " connection #" + std::to_string(index) +
+                 ", which is already connected", true);
     return Status::Ok();
   }
-  if (!reply(in, ReplyCode::kOk, 0)) {
+  for (auto& o : outgoing_) {
+    if (o.peer != h.rank || o.index != index || o.state == OutState::kDone) continue;
+    if (h.rank < c_.rank) {
+      // Both dialed: the higher rank's dial (ours) wins; the peer waits for it.
+      reply(in, static_cast<uint32_t>(ReplyCode::kYield), 0);
+      drop(in, "dialed connection #" + std::to_string(index) + " while this rank dials it (this dial wins)", true);
+      return Status::Ok();
+    }
+    o.fd.reset();  // the peer's dial wins: ours is abandoned
+    o.state = OutState::kDone;
+  }
+  if (!reply(in, static_cast<uint32_t>(ReplyCode::kOk), 0)) {
     drop(in, "could not be sent the handshake reply: " + errno_string(errno));
     return Status::Ok();
   }
   set_nodelay(in.fd.get());
-  link.fd = std::move(in.fd);
-  link.remote = in.remote;
-  ++connected_in_;
+  linked_[slot(h.rank, index)] = kLinked;
+  ++connected_;
+  COMM_INFO(kNet, "%s: rank %d connected (connection #%d, %s)", me().c_str(), h.rank, index, in.remote.c_str());
+  done->push_back(MeshLink{h.rank, index, std::move(in.fd), in.remote});
   return Status::Ok();
 }
 
 // The socket is fresh and its send buffer empty: 16 bytes go out at once or not at all.
-bool MeshBuilder::reply(Incoming& in, ReplyCode code, uint32_t value) {
-  Reply r{kReplyMagic, static_cast<uint32_t>(code), value};
+void Mesh::stop_listening() {
+  listener_.reset();
+  incoming_.clear();
+}
+
+std::string Mesh::why_not_connected(int peer) const {
+  for (const auto& o : outgoing_)
+    if (o.peer == peer && o.state != OutState::kDone) return "dialing it: " + o.last_error;
+  if (linked_[slot(peer, 0)] == kPeerDials) return "it dials this rank (both dialed; its dial wins), not arrived yet";
+  return "it never dialed this rank";
+}
+
+bool Mesh::reply(Incoming& in, uint32_t code, uint32_t value) {
+  Reply r{kReplyMagic, code, value};
   return ::send(in.fd.get(), &r, sizeof r, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof r);
 }
 
-void MeshBuilder::drop(Incoming& in, const std::string& why) {
-  COMM_WARN(kNet, "%s: dropped connection from %s: %s", me().c_str(), in.remote.c_str(), why.c_str());
+void Mesh::drop(Incoming& in, const std::string& why, bool quiet) {
+  if (quiet)
+    COMM_INFO(kNet, "%s: closed connection from %s: %s", me().c_str(), in.remote.c_str(), why.c_str());
+  else
+    COMM_WARN(kNet, "%s: dropped connection from %s: %s", me().c_str(), in.remote.c_str(), why.c_str());
   in.fd.reset();
 }
 
-void MeshBuilder::start_connect(Outgoing& o) {
+Status Mesh::start_connect(Outgoing& o) {
   o.fd.reset(::socket(o.addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!o.fd.valid()) return retry(o, "socket(): " + errno_string(errno));
+  if (!o.fd.valid()) {
+    if (posix::out_of_fds(errno))
+      return SystemError(me() + ": socket transport " +
+                         posix::out_of_fds_text(errno, "connecting to rank " + std::to_string(o.peer)));
+    retry(o, "socket(): " + errno_string(errno));
+    return Status::Ok();
+  }
   o.sent = 0;
   o.got = 0;
   if (::connect(o.fd.get(), o.addr.get(), o.addr.len) == 0) {
@@ -299,16 +420,23 @@ void MeshBuilder::start_connect(Outgoing& o) {
   } else if (errno == EINPROGRESS || errno == EINTR) {
     o.state = OutState::kConnecting;
   } else {
+    if (errno == ECONNREFUSED) ++o.refusals;
     retry(o, "connect(): " + errno_string(errno));
   }
+  return Status::Ok();
 }
 
-Status MeshBuilder::on_outgoing(Outgoing& o) {
+Status Mesh::on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<MeshFailure>* failed) {
+  const std::string& where = addrs_[static_cast<size_t>(o.peer)];
   if (o.state == OutState::kConnecting) {
     int err = 0;
     socklen_t len = sizeof err;
     if (::getsockopt(o.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     if (err != 0) {
+      if (err == ECONNREFUSED && ++o.refusals >= kRefusalsMeanGone) {
+        give_up(o, "refused the connection at " + where + " (nothing listens there any more)", true, failed);
+        return Status::Ok();
+      }
       retry(o, "connect(): " + errno_string(err));
       return Status::Ok();
     }
@@ -325,7 +453,7 @@ Status MeshBuilder::on_outgoing(Outgoing& o) {
       o.sent += static_cast<size_t>(n);
     }
     o.state = OutState::kAwaitReply;
-    o.last_error = "connected, but no handshake reply came (is that rank stuck before its setup?)";
+    o.last_error = "connected, but no handshake reply came (is that rank stuck outside libcomm?)";
     return Status::Ok();
   }
   if (o.state != OutState::kAwaitReply) return Status::Ok();
@@ -347,19 +475,26 @@ Status MeshBuilder::on_outgoing(Outgoing& o) {
     retry(o, "the listener is not a libcomm peer (bad reply magic)");
     return Status::Ok();
   }
+  if (o.reply.code == static_cast<uint32_t>(ReplyCode::kYield) ||
+      (o.reply.code == static_cast<uint32_t>(ReplyCode::kDuplicate) && linked_[slot(o.peer, o.index)] == kLinked)) {
+    // The peer's own dial wins (or already won): it arrives through the listener.
+    if (!linked_[slot(o.peer, o.index)]) linked_[slot(o.peer, o.index)] = kPeerDials;
+    o.fd.reset();
+    o.state = OutState::kDone;
+    return Status::Ok();
+  }
   if (o.reply.code != static_cast<uint32_t>(ReplyCode::kOk)) return refused(o);
   set_nodelay(o.fd.get());
-  MeshLink& link = (*links_)[static_cast<size_t>(o.peer) * static_cast<size_t>(c_.nconns) +
-                             static_cast<size_t>(o.index)];
-  link.fd = std::move(o.fd);
-  link.remote = o.addr_text;
+  linked_[slot(o.peer, o.index)] = kLinked;
+  ++connected_;
+  COMM_INFO(kNet, "%s: connected to rank %d (connection #%d, %s)", me().c_str(), o.peer, o.index, where.c_str());
+  done->push_back(MeshLink{o.peer, o.index, std::move(o.fd), where});
   o.state = OutState::kDone;
-  ++done_out_;
   return Status::Ok();
 }
 
-Status MeshBuilder::refused(const Outgoing& o) {
-  std::string who = me() + ": rank " + std::to_string(o.peer) + " at " + o.addr_text;
+Status Mesh::refused(const Outgoing& o) {
+  std::string who = me() + ": rank " + std::to_string(o.peer) + " at " + addrs_[static_cast<size_t>(o.peer)];
   switch (static_cast<ReplyCode>(o.reply.code)) {
     case ReplyCode::kBadSecret:
       return SystemError(who + " refused this rank's connection: wrong job secret (is the address in the store "
@@ -379,45 +514,21 @@ Status MeshBuilder::refused(const Outgoing& o) {
   }
 }
 
-void MeshBuilder::retry(Outgoing& o, const std::string& why) {
+void Mesh::retry(Outgoing& o, const std::string& why) {
   o.fd.reset();
   o.last_error = why;
   o.state = OutState::kWaitRetry;
   o.retry_at = Clock::now() + std::chrono::milliseconds(o.backoff_ms);
   COMM_INFO(kNet, "%s: connection #%d to rank %d at %s failed (%s); retrying in %d ms", me().c_str(), o.index, o.peer,
-            o.addr_text.c_str(), why.c_str(), o.backoff_ms);
+            addrs_[static_cast<size_t>(o.peer)].c_str(), why.c_str(), o.backoff_ms);
   o.backoff_ms = std::min(o.backoff_ms * 2, kMaxBackoffMs);
 }
 
-Status MeshBuilder::timeout_status() const {
-  std::string text = me() + ": socket transport setup timed out after " + std::to_string(c_.timeout_ms) +
-                     " ms (listening on " + listen_text_ + ")";
-  std::string missing;
-  for (int peer = c_.rank + 1; peer < c_.size; ++peer) {
-    for (int index = 0; index < c_.nconns; ++index) {
-      if ((*links_)[static_cast<size_t>(peer) * static_cast<size_t>(c_.nconns) + static_cast<size_t>(index)]
-              .fd.valid())
-        continue;
-      missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
-      break;
-    }
-  }
-  if (!missing.empty()) text += ": rank(s) " + missing + " never connected to this rank";
-  int last_peer = -1;
-  for (const auto& o : outgoing_) {
-    if (o.state == OutState::kDone || o.peer == last_peer) continue;
-    last_peer = o.peer;
-    text += "; could not connect to rank " + std::to_string(o.peer) + " at " + o.addr_text + " (last error: " +
-            o.last_error + ")";
-  }
-  return Timeout(text);
-}
-
-}  // namespace
-
-Status build_mesh(const MeshConfig& config, std::vector<MeshLink>* links) {
-  MeshBuilder builder(config, links);
-  return builder.run();
+void Mesh::give_up(Outgoing& o, const std::string& reason, bool is_exit, std::vector<MeshFailure>* failed) {
+  o.fd.reset();
+  o.state = OutState::kDone;
+  COMM_WARN(kNet, "%s: rank %d %s", me().c_str(), o.peer, reason.c_str());
+  failed->push_back(MeshFailure{o.peer, reason, is_exit});
 }
 
 }  // namespace comm::transport::sock

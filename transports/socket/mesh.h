@@ -1,13 +1,22 @@
-// Setting up the socket transport's full mesh: every rank listens, publishes "addr/<rank>"
-// in the store, connects `nconns` times to every lower rank and accepts from every higher
-// one. Each connection presents {magic, version, secret, rank, index}; the acceptor checks
-// it and replies. Strangers and garbage are dropped with a log line; accepting goes on until
-// every expected peer is in, bounded by the timeout.
+// The socket transport's connections, made when a peer is first needed (docs/design.md,
+// "Connections"). Every rank listens for the job's life and publishes "addr/<rank>"; rank 0
+// gathers the addresses into one table ("addrs") that every rank reads once, so the store
+// answers n reads, not n^2. A rank that needs a peer dials its `nconns` connections; each
+// connection presents {magic, version, secret, rank, index} and the acceptor checks it and
+// replies. Both ranks of a pair may dial at once: per connection index the dial of the
+// higher rank wins (the lower one is answered kYield and waits for the higher one's dial),
+// so exactly one connection per index survives and neither side waits for the other.
+// Strangers and garbage are dropped with a log line. COMM_SOCKET_EAGER=1 connects every
+// pair at setup (the higher rank dials), as before lazy connections.
 #pragma once
 
+#include <poll.h>
+
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "deadline.h"
 #include "store/store.h"
 #include "socket/net.h"
 
@@ -26,12 +35,81 @@ struct MeshConfig {
 };
 
 struct MeshLink {
+  int peer = -1;
+  int index = 0;
   Fd fd;               // connected, non-blocking, CLOEXEC, TCP_NODELAY
   std::string remote;  // "192.0.2.2:41234", for messages
 };
 
-// On success (*links)[peer * nconns + index] holds every connection (entries for this rank
-// stay empty). The listener is closed before returning.
-Status build_mesh(const MeshConfig& config, std::vector<MeshLink>* links);
+// A peer that cannot be connected: every connection to it fails with `reason` ("refused the
+// connection at ..."); `is_exit` when it looks gone (nothing listens at its address).
+struct MeshFailure {
+  int peer = -1;
+  std::string reason;
+  bool is_exit = false;
+};
+
+class Mesh {
+ public:
+  explicit Mesh(MeshConfig config);
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  // Listens, publishes this rank's address, reads the table. A rank that cannot listen
+  // publishes why, so every rank fails at once naming it instead of waiting for its address.
+  Status start();
+  // Eager mode: every connection of this rank, before returning (bounded by the timeout).
+  Status connect_all(std::vector<MeshLink>* done);
+
+  // Starts dialing connections 0..count-1 to peer that are neither up nor under way. A small
+  // message needs connection 0 only; a striped one all: latency-only peers cost one descriptor.
+  void want(int peer, int count);
+  // Appends the listener, handshakes and dials to poll; lowers *wake to the next retry.
+  void add_polls(std::vector<pollfd>* pfds, Clock::time_point* wake);
+  // Handles the revents of the n entries add_polls appended (at pfds); finished connections go
+  // to done, peers that cannot be connected to failed. An error fails the transport (out of
+  // file descriptors; a peer of another world size).
+  Status on_poll(const pollfd* pfds, size_t n, std::vector<MeshLink>* done, std::vector<MeshFailure>* failed);
+  // Dials whose retry time passed (with no poll event), and dials past their deadline.
+  void on_time(std::vector<MeshFailure>* failed);
+
+  // A failed transport takes no new connections: late dialers are refused and fail at once.
+  void stop_listening();
+  // For a timeout's message: what is known about a peer not connected yet.
+  std::string why_not_connected(int peer) const;
+
+  const std::string& listen_address() const { return listen_text_; }
+  size_t connected() const { return connected_; }
+
+ private:
+  struct Outgoing;
+  struct Incoming;
+  Status read_table();
+  Status accept_all();
+  Status on_incoming(Incoming& in, std::vector<MeshLink>* done);
+  Status validate(Incoming& in, std::vector<MeshLink>* done);
+  bool reply(Incoming& in, uint32_t code, uint32_t value);
+  void drop(Incoming& in, const std::string& why, bool quiet = false);
+  Status start_connect(Outgoing& o);
+  Status on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<MeshFailure>* failed);
+  Status refused(const Outgoing& o);
+  void retry(Outgoing& o, const std::string& why);
+  void give_up(Outgoing& o, const std::string& reason, bool is_exit, std::vector<MeshFailure>* failed);
+  std::string me() const;
+  size_t slot(int peer, int index) const {
+    return static_cast<size_t>(peer) * static_cast<size_t>(c_.nconns) + static_cast<size_t>(index);
+  }
+
+  const MeshConfig c_;
+  Fd listener_;
+  std::string listen_text_;
+  std::vector<std::string> addrs_;  // every rank's listening address, from the table
+  std::vector<uint8_t> linked_;     // per connection slot: up
+  std::vector<Incoming> incoming_;
+  std::vector<Outgoing> outgoing_;
+  size_t connected_ = 0;
+  Status fatal_;  // out of file descriptors: the transport fails with it
+};
 
 }  // namespace comm::transport::sock

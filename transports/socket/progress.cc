@@ -30,10 +30,26 @@ Status SocketTransport::progress(int timeout_ms) {
     pfds_.push_back({c.fd.get(), events, 0});
     pfd_conn_.push_back(i);
   }
+  // The listener (peers connect on first use, for the job's life), handshakes and dials.
+  const size_t first_mesh = pfds_.size();
+  if (mesh_) {
+    Clock::time_point now = Clock::now(), wake = now + std::chrono::milliseconds(timeout_ms);
+    mesh_->add_polls(&pfds_, &wake);
+    if (timeout_ms > 0) timeout_ms = wake <= now ? 0 : ProgressClock::ceil_ms(wake - now, timeout_ms);
+  }
   int rc = ::poll(pfds_.data(), pfds_.size(), timeout_ms);
   if (rc < 0) {
     if (errno == EINTR) return Status::Ok();
     return SystemError(me() + ": poll() failed: " + errno_string(errno));
+  }
+  if (mesh_) {
+    new_links_.clear();
+    failures_.clear();
+    if (rc > 0) COMM_RETURN_IF_ERROR(mesh_->on_poll(pfds_.data() + first_mesh, pfds_.size() - first_mesh,
+                                                    &new_links_, &failures_));
+    mesh_->on_time(&failures_);
+    for (auto& link : new_links_) install(link);
+    for (const auto& f : failures_) unreachable(f);
   }
   if (rc == 0) return Status::Ok();
   if (pfds_[0].revents & POLLIN) {
@@ -42,7 +58,7 @@ Status SocketTransport::progress(int timeout_ms) {
     ssize_t ignored = ::read(wake_.get(), &count, sizeof count);
     (void)ignored;
   }
-  for (size_t k = 1; k < pfds_.size(); ++k) {
+  for (size_t k = 1; k < first_mesh; ++k) {
     short re = pfds_[k].revents;
     if (re == 0) continue;
     Connection& c = conns_[pfd_conn_[k]];
@@ -262,6 +278,24 @@ void SocketTransport::notify_peers(const Status& failure) {
   h.length = text.size();
   const size_t total = kHeaderBytes + text.size();
 
+  // Peers dialing this rank right now are waiting on it: finish their handshakes so they hear
+  // the reason too; then stop listening, so later dialers are refused at once.
+  if (mesh_) {
+    pfds_.clear();
+    Clock::time_point wake = Clock::now();
+    mesh_->add_polls(&pfds_, &wake);
+    new_links_.clear();
+    failures_.clear();
+    if (::poll(pfds_.data(), pfds_.size(), 0) > 0 &&
+        mesh_->on_poll(pfds_.data(), pfds_.size(), &new_links_, &failures_).ok()) {
+      pfds_.clear();
+      mesh_->add_polls(&pfds_, &wake);  // the handshakes just accepted
+      if (::poll(pfds_.data(), pfds_.size(), 10) > 0)
+        (void)mesh_->on_poll(pfds_.data(), pfds_.size(), &new_links_, &failures_);
+    }
+    for (auto& link : new_links_) install(link);
+    mesh_->stop_listening();
+  }
   // Every connection not in the middle of a frame: a receiver stalled on one connection
   // (a stashed header) may still see the others.
   struct Out {

@@ -13,12 +13,11 @@
 namespace comm::transport {
 namespace sock {
 
-SocketTransport::SocketTransport(Options options, int nconns, std::vector<MeshLink> links, Fd wake)
-    : Transport(std::move(options)), nconns_(nconns), wake_(std::move(wake)) {
+SocketTransport::SocketTransport(Options options, int nconns, std::unique_ptr<Mesh> mesh, std::vector<MeshLink> links,
+                                 Fd wake)
+    : Transport(std::move(options)), nconns_(nconns), mesh_(std::move(mesh)), wake_(std::move(wake)) {
   conns_.resize(static_cast<size_t>(size()) * static_cast<size_t>(nconns_));
-  for (size_t i = 0; i < links.size() && i < conns_.size(); ++i) {
-    conns_[i].fd = std::move(links[i].fd);
-    conns_[i].remote = std::move(links[i].remote);
+  for (size_t i = 0; i < conns_.size(); ++i) {
     conns_[i].peer = static_cast<int>(i) / nconns_;
     conns_[i].index = static_cast<int>(i) % nconns_;
   }
@@ -26,6 +25,26 @@ SocketTransport::SocketTransport(Options options, int nconns, std::vector<MeshLi
   pfd_conn_.reserve(conns_.size() + 1);
   int64_t spin_us = 0;
   if (params::get_int("COMM_SOCKET_SPIN_US", 0, 1000000, &spin_us).ok()) spin_ = std::chrono::microseconds(spin_us);
+  for (auto& link : links) install(link);
+}
+
+// A connection the mesh finished (either side dialed): parts queued while it was made go now.
+void SocketTransport::install(MeshLink& link) {
+  Connection& c = conn(link.peer, link.index);
+  if (c.closed || c.fd.valid()) return;  // failed meanwhile; or (never) twice
+  c.fd = std::move(link.fd);
+  c.remote = std::move(link.remote);
+  ++moved_;  // a finished handshake is progress
+  if (!c.sends.empty()) send_progress(c);
+}
+
+// Every connection to a peer that could not be connected fails with the reason; waits on that
+// peer then say so (check_peers), naming it.
+void SocketTransport::unreachable(const MeshFailure& f) {
+  for (int k = 0; k < nconns_; ++k) {
+    Connection& c = conn(f.peer, k);
+    if (!c.fd.valid()) close_connection(c, f.reason, f.is_exit);
+  }
 }
 
 void SocketTransport::abort() {
@@ -86,13 +105,16 @@ Status SocketTransport::post(bool is_send, int peer, const OpTag& tag, char* buf
     p.finished = false;
   }
 
+  // First use of this peer (or of a connection only striped messages use): dialed now, made by
+  // progress; parts queue on them meanwhile.
+  if (mesh_ && !conn(peer, n - 1).fd.valid()) mesh_->want(peer, n);
   for (int k = 0; k < n; ++k) {
     PartLink link = index * kMaxConns + static_cast<uint32_t>(k);
     Connection& c = conn(peer, k);
     if (is_send) {
       bool idle = c.sends.empty();
       push(c.sends, link);
-      if (idle && !c.closed) send_progress(c);  // eager: small messages leave before wait()
+      if (idle && !c.closed && c.fd.valid()) send_progress(c);  // eager: small messages leave before wait()
     } else {
       push(c.receives, link);
       if (c.state == RecvState::kStashed && c.receives.head == link) {
@@ -205,7 +227,14 @@ std::string SocketTransport::timeout_message(const RequestId* ids, size_t n) {
     if (parts.find(one) != std::string::npos) continue;
     parts += (parts.empty() ? "" : "; ") + one;
   }
-  return text + parts + "; is that rank still running, and calling the same operation?";
+  std::string unconnected;
+  for (size_t i = 0; i < n && mesh_; ++i) {
+    Request& r = pool_.of(ids[i]);
+    if (r.parts_left == 0 || conn(r.peer, 0).fd.valid()) continue;
+    std::string one = "rank " + std::to_string(r.peer) + " is not connected (" + mesh_->why_not_connected(r.peer) + ")";
+    if (unconnected.find(one) == std::string::npos) unconnected += "; " + one;
+  }
+  return text + parts + unconnected + "; is that rank still running, and calling the same operation?";
 }
 }  // namespace sock
 
@@ -226,7 +255,10 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
   Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return SystemError(me + ": socket transport: eventfd() failed: " + errno_string(errno));
 
+  int64_t eager = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_EAGER", 0, 1, &eager));
   std::vector<MeshLink> links;
+  std::unique_ptr<Mesh> mesh;
   if (options.size > 1) {
     // The interface is the core's choice (topology/interfaces.h); a transport made without
     // one, every rank on this host, stays on loopback.
@@ -249,9 +281,12 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     config.store = options.store.get();
     config.host = listen.address;
     config.family = listen.family;
-    COMM_RETURN_IF_ERROR(build_mesh(config, &links));
+    mesh = std::make_unique<Mesh>(config);
+    COMM_RETURN_IF_ERROR(mesh->start());
+    if (eager != 0) COMM_RETURN_IF_ERROR(mesh->connect_all(&links));
   }
-  out->reset(new SocketTransport(options, static_cast<int>(nconns), std::move(links), std::move(wake)));
+  out->reset(new SocketTransport(options, static_cast<int>(nconns), std::move(mesh), std::move(links),
+                                 std::move(wake)));
   return Status::Ok();
 }
 

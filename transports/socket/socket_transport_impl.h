@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,8 @@ inline bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
 constexpr int kMaxBlockMs = 1000;  // a blocked poll looks at its peers at least once a second
 class SocketTransport final : public Transport {
  public:
-  SocketTransport(Options options, int nconns, std::vector<MeshLink> links, Fd wake);
+  // mesh: null for a single rank; links: what eager mode connected at setup.
+  SocketTransport(Options options, int nconns, std::unique_ptr<Mesh> mesh, std::vector<MeshLink> links, Fd wake);
 
   const char* name() const override { return "socket"; }
 
@@ -72,6 +74,8 @@ class SocketTransport final : public Transport {
   PartLink pop(PartQueue& q);
 
   Status progress(int timeout_ms);
+  void install(MeshLink& link);
+  void unreachable(const MeshFailure& f);
   void send_progress(Connection& c);
   Status recv_progress(Connection& c);
   bool handle_recv_result(Connection& c, ssize_t n);
@@ -85,6 +89,9 @@ class SocketTransport final : public Transport {
                                   std::to_string(rank()); }
 
   int nconns_;
+  std::unique_ptr<Mesh> mesh_;  // makes connections on first use (mesh.h)
+  std::vector<MeshLink> new_links_;
+  std::vector<MeshFailure> failures_;
   std::vector<Connection> conns_;
   RequestPool<Request, kPoolBits> pool_{"socket"};
   std::vector<pollfd> pfds_;

@@ -11,7 +11,8 @@ namespace comm::transport::sock {
 // ---- handshake: connector -> acceptor: Hello + secret bytes; acceptor -> connector: Reply.
 constexpr uint64_t kHelloMagic = 0x4b53434d4d4f4331ull;  // "1COMMCSK"
 constexpr uint64_t kReplyMagic = 0x4b43414d4d4f4331ull;  // "1COMMACK"
-constexpr uint32_t kProtocolVersion = 1;
+// 2: connections are made on first use, from either side (kYield).
+constexpr uint32_t kProtocolVersion = 2;
 constexpr uint32_t kMaxSecretBytes = 1024;
 
 struct Hello {
@@ -33,6 +34,7 @@ enum class ReplyCode : uint32_t {
   kSizeMismatch = 4,
   kNconnsMismatch = 5,
   kDuplicate = 6,
+  kYield = 7,  // both ranks dialed this connection: the acceptor's (higher rank's) dial wins
 };
 
 struct Reply {

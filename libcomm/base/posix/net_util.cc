@@ -2,6 +2,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
+
+#include <cerrno>
 
 namespace comm::posix {
 
@@ -34,6 +37,20 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
     diff |= x ^ y;
   }
   return diff == 0;
+}
+
+bool out_of_fds(int err) { return err == EMFILE || err == ENFILE; }
+
+std::string out_of_fds_text(int err, const std::string& doing) {
+  if (err == ENFILE)
+    return "the system ran out of file descriptors (ENFILE) while " + doing +
+           ": raise fs.file-max, or run fewer processes on this host";
+  rlimit lim{};
+  std::string limit = ::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY
+                          ? " (ulimit -n " + std::to_string(lim.rlim_cur) + ")"
+                          : "";
+  return "ran out of file descriptors" + limit + " while " + doing +
+         ": raise the limit (ulimit -n, LimitNOFILE= in a unit file, or the launcher's setting)";
 }
 
 }  // namespace comm::posix

@@ -15,4 +15,10 @@ std::string format_address(const sockaddr* addr, socklen_t len);
 // Constant time in the content: a stranger learns nothing from how fast it is refused.
 bool constant_time_equal(std::string_view a, std::string_view b);
 
+// EMFILE / ENFILE: the process (or the system) has no file descriptor left.
+bool out_of_fds(int err);
+// "ran out of file descriptors (ulimit -n 256) while accepting a connection: raise the limit
+// (ulimit -n, LimitNOFILE=) ..." -- the cause and the fix, for every place a socket is made.
+std::string out_of_fds_text(int err, const std::string& doing);
+
 }  // namespace comm::posix

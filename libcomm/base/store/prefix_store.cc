@@ -17,6 +17,7 @@ class PrefixStore final : public Store {
   Status add(const std::string& key, int64_t delta, int64_t* result) override {
     return base_->add(prefix_ + key, delta, result);
   }
+  void release_idle() override { base_->release_idle(); }
 
  private:
   std::shared_ptr<Store> base_;

@@ -25,6 +25,10 @@ class Store {
   virtual Status get(const std::string& key, std::string* value, Deadline deadline) = 0;
   // Atomically adds delta to the integer stored at key (0 when absent); returns the new value.
   virtual Status add(const std::string& key, int64_t delta, int64_t* result) = 0;
+  // Closes connections kept open for the next request (the TCP client's); the next request
+  // opens one again. A communicator calls it when its init is done: rank 0's store then holds
+  // no connection per rank for the job's life (docs/design.md, "Connections").
+  virtual void release_idle() {}
 };
 
 // Read receipts for an answer rank 0 publishes at `key` (read_receipts.cc): each other rank

@@ -3,7 +3,12 @@
 //
 // Each request takes an idle connection from a small pool (or opens one), so threads that
 // share this store never wait behind each other's blocking get. A connection whose request
-// timed out may still receive the late reply, so it is closed, never reused.
+// timed out may still receive the late reply, so it is closed, never reused. release_idle()
+// empties the pool once a communicator is up. A connection the server closed before it
+// answered (a pooled one gone stale, or one the server shed at its descriptor limit, see
+// tcp_store_server.cc) is retried on a new connection: the server closes only connections
+// with no request in progress, so nothing ran twice. If no new connection can be made, rank
+// 0 is gone and the request fails at once.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -17,6 +22,7 @@
 #include <vector>
 
 #include "log.h"
+#include "posix/net_util.h"
 #include "store/tcp_store_wire.h"
 
 namespace comm {
@@ -86,6 +92,11 @@ class Client final : public Store {
     return deadline.remaining_ms(options_.timeout_ms > 0 ? options_.timeout_ms : 1);
   }
 
+  void release_idle() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.clear();
+  }
+
   Status call(Op op, const std::string& key, const std::string& value, Deadline deadline, std::string* payload) {
     posix::Fd fd = take_idle();
     if (!fd.valid()) {
@@ -93,6 +104,27 @@ class Client final : public Store {
       Status st = connect(deadline.at() < limit.at() ? deadline : limit, options_.timeout_ms, &fd);
       if (!st.ok()) return st.prefixed(std::string("store ") + op_name(op) + " of key '" + key + "': ");
     }
+    int backoff_ms = kFirstBackoffMs;
+    for (;;) {
+      bool closed_early = false;
+      Status st = call_on(fd, op, key, value, deadline, payload, &closed_early);
+      if (!closed_early || deadline.expired()) return st;
+      // Closed before any answer: shed or stale. One new connection, without the retry loop:
+      // refused means rank 0 is gone, and the caller hears that now.
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, ms_left(deadline))));
+      backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+      bool final = false;
+      fd = posix::Fd();
+      Status again = connect_once(deadline, &fd, &final);
+      if (!again.ok()) return final ? again : st;
+      COMM_TRACE(kStore, "store %s of key '%s': the server closed the connection before answering; retried on a "
+                 "new one", op_name(op), key.c_str());
+    }
+  }
+
+  // One request on fd. *closed_early: the server closed it before a byte of the answer came.
+  Status call_on(posix::Fd& fd, Op op, const std::string& key, const std::string& value, Deadline deadline,
+                 std::string* payload, bool* closed_early) {
     auto failed = [&](Io io, int err, const char* stage) {
       std::string what = std::string("store ") + op_name(op) + " of key '" + key + "' at " + where_ + ": ";
       switch (io) {
@@ -108,11 +140,21 @@ class Client final : public Store {
       }
     };
     int err = 0;
+    auto gone = [&](Io io) {
+      return io == Io::kClosed || (io == Io::kError && (err == EPIPE || err == ECONNRESET));
+    };
     Io io = send_all(fd.get(), encode_request(op, key, value), deadline, &err);
-    if (io != Io::kOk) return failed(io, err, "sending");
+    if (io != Io::kOk) {
+      *closed_early = gone(io);
+      return failed(io, err, "sending");
+    }
     char header[kResponseHeaderBytes];
     io = recv_exact(fd.get(), header, sizeof header, deadline, &err);
-    if (io != Io::kOk) return failed(io, err, "waiting for the reply");
+    if (io != Io::kOk) {
+      // recv_exact reports kClosed only before the first byte of an answer when none came.
+      *closed_early = gone(io);
+      return failed(io, err, "waiting for the reply");
+    }
     uint32_t len = get_u32(header + 8);
     if (get_u32(header) != kMagic || len > kMaxValueBytes)
       return SystemError("store " + std::string(op_name(op)) + " at " + where_ +
@@ -179,7 +221,8 @@ class Client final : public Store {
     Status last = SystemError("'" + options_.host + "' resolved to no address");
     for (addrinfo* ai = found; ai != nullptr && !deadline.expired(); ai = ai->ai_next) {
       posix::Fd fd;
-      last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd);
+      last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd, final);
+      if (*final) break;
       if (!last.ok()) continue;
       last = handshake(fd.get(), deadline, final);
       if (last.ok()) {
@@ -192,8 +235,12 @@ class Client final : public Store {
     return last;
   }
 
-  static Status connect_address(const sockaddr* sa, socklen_t len, Deadline deadline, posix::Fd* out) {
+  static Status connect_address(const sockaddr* sa, socklen_t len, Deadline deadline, posix::Fd* out, bool* final) {
     posix::Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid() && posix::out_of_fds(errno)) {
+      *final = true;  // waiting does not free descriptors: say so now
+      return SystemError("this rank " + posix::out_of_fds_text(errno, "connecting to the store"));
+    }
     if (!fd.valid()) return SystemError("socket: " + errno_string(errno));
     if (::connect(fd.get(), sa, len) != 0) {
       if (errno != EINPROGRESS && errno != EINTR) return SystemError("connect: " + errno_string(errno));

@@ -15,6 +15,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -39,6 +40,18 @@ namespace {
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kReadBudgetPerWake = size_t{4} << 20;  // fairness between busy clients
 constexpr size_t kMaxHelloBytes = kRequestHeaderBytes + kMaxKeyBytes + 4;  // the token, the version
+// Descriptors rank 0 keeps for everything but the store (its transports, files, libraries).
+constexpr size_t kReservedFds = 64;
+
+// How many clients the server holds at once: its soft descriptor limit less the reserve. Past
+// it, a new client costs an idle or waiting one its connection (shed(); the client reconnects,
+// tcp_store.cc), so 512 ranks start under ulimit -n 256 instead of filling rank 0's table.
+size_t connection_cap() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+  size_t soft = static_cast<size_t>(lim.rlim_cur);
+  return soft > 2 * kReservedFds ? soft - kReservedFds : std::max<size_t>(soft / 2, 8);
+}
 
 struct Conn {
   posix::Fd fd;
@@ -197,17 +210,46 @@ class Server final : public Store {
     conns_.clear();
   }
 
+  // Closes one connection with no request in progress (an idle one first, else the oldest
+  // parked get): its client retries on a new connection. false: none can go.
+  bool shed() {
+    Conn* victim = nullptr;
+    for (auto& c : conns_) {
+      if (c->dead || c->pending_out() || c->in.size() > c->in_done || !c->greeted) continue;
+      if (!c->parked) {
+        victim = c.get();
+        break;
+      }
+      if (victim == nullptr) victim = c.get();
+    }
+    if (victim == nullptr) return false;
+    COMM_TRACE(kStore, "store server %s: at its connection limit (%zu); closing the %s connection from %s",
+               where_.c_str(), cap_, victim->parked ? "waiting" : "idle", victim->peer.c_str());
+    victim->fd.reset();
+    victim->dead = true;
+    ++shed_;
+    return true;
+  }
+
   void accept_all() {
     for (;;) {
+      if (live_connections() >= cap_ && !shed()) {
+        accept_resume_ = Clock::now() + std::chrono::milliseconds(10);
+        return;
+      }
       sockaddr_storage addr{};
       socklen_t len = sizeof addr;
       int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (posix::out_of_fds(errno) && shed()) continue;
         // Out of descriptors or memory: pause accepting instead of spinning on a readable socket.
+        const std::string why = posix::out_of_fds(errno)
+                                    ? "rank 0 " + posix::out_of_fds_text(errno, "accepting a rank's store connection")
+                                    : errno_string(errno);
         COMM_WARN(kStore, "store server %s: accept failed: %s; pausing new connections for 100 ms", where_.c_str(),
-                  errno_string(errno).c_str());
+                  why.c_str());
         accept_resume_ = Clock::now() + std::chrono::milliseconds(100);
         return;
       }
@@ -442,7 +484,15 @@ class Server final : public Store {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 
+  size_t live_connections() const {
+    size_t n = 0;
+    for (const auto& c : conns_) n += c->dead ? 0 : 1;
+    return n;
+  }
+
   // Server thread only.
+  const size_t cap_ = connection_cap();
+  size_t shed_ = 0;
   std::vector<std::unique_ptr<Conn>> conns_;
   std::vector<char> read_buf_;
   bool check_parked_ = false;

@@ -151,11 +151,11 @@ class Engine {
   // Scheduling of the synced step's partitions (schedule.cc): the same sequence on every rank.
   bool comm_active_ = false;  // a synced step's partitions are not all done (may outlive end())
   bool step_unrecorded_ = false;  // overlap_forward: end() returned, the numbers are not taken yet
-  int done_parts_ = 0, started_parts_ = 0, ready_parts_ = 0, agreed_parts_ = 0;
-  int contributed_ = 0;       // partitions this rank said were ready in the last round
-  bool mismatch_ = false;     // the last round agreed on fewer than this rank contributed
-  bool just_rounded_ = false; // no partition ran since the last round
-  bool last_round_progress_ = false;  // the last round agreed on a partition not agreed before
+  int done_parts_ = 0, started_parts_ = 0;
+  int agreed_waiting_ = 0;    // agreed by a round, not started
+  int known_parts_ = 0;       // agreed or started: once all are, no round is needed
+  int fifo_next_ = 0;         // the lowest partition index not started
+  size_t bytes_since_round_ = 0, round_every_ = 0;  // a round every round_every_ bytes on the wire
   std::vector<uint8_t> round_buf_;
   uint64_t rounds_ = 0, sched_step_ = 0;  // sched_step_: the synced step being scheduled (1-based)
   double round_us_ = 0, forward_wait_us_ = 0, t_end_ = 0;

@@ -141,6 +141,9 @@ Status Engine::build(const std::vector<int>& order) {
     parts_[k].layout = std::move(cut[k]);
   }
   round_buf_.assign(parts_.size(), 0);
+  // A round every 4 partitions' worth of bytes: often enough for late first layers to overtake a
+  // backlog, rare enough to cost little (libcomm/src/engine/schedule.cc).
+  round_every_ = opt_.partition_bytes > SIZE_MAX / 4 ? SIZE_MAX : 4 * opt_.partition_bytes;
   buckets_ = std::move(buckets);
   last_buckets_.assign(buckets_.size(), comm_engine_bucket_stats_t{});
   ++layout_version_;

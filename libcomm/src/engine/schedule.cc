@@ -1,24 +1,24 @@
 // The comm thread: which partition goes on the wire next, the same sequence on every rank.
 //
-// Priority schedule (the default, host gradients): a partition may go on the wire once every rank
-// has it ready. Ranks agree on that in rounds: one small all-reduce (MIN over a byte per partition)
-// of "ready here". Between two partitions there is a round while some partition is not yet agreed,
-// so a late-ready first layer overtakes queued later layers; among the agreed partitions the lowest
-// priority value (the parameter the next forward needs first) runs next, ties in partition order.
-// Everything that decides the sequence (agreed set, rounds held, partitions run) is the same on
-// every rank, so every rank issues the same collectives in the same order.
+// Priority schedule (the default, host gradients). By default partitions go in index order
+// (bucket order: backward's order), each once it is ready here; its all-reduce waits for the
+// peers, as torch's DDP issues buckets, and needs no agreement. Every round_every_ bytes put on
+// the wire (4 partitions' worth), the ranks hold a round: one small all-reduce (MIN over a byte per
+// partition) of "ready here", as Horovod's coordinator agrees on ready tensors. A partition a
+// round finds ready on every rank is *agreed*; agreed partitions run before the index order
+// resumes, lowest priority value first (the parameter the next forward needs first; ties in
+// partition order). So when communication falls behind backward, the first layers' partitions,
+// ready last, overtake the backlog of later layers at the next round, and the next forward
+// (overlap_forward) can start while the backlog is still on the wire.
 //
-// When nothing agreed is left to run, a rank comes to the next round only once it can move the
-// agreement on: it has a partition ready that it has not contributed yet; or the last round
-// agreed on less than it contributed (a peer lacked something) and either that round agreed on
-// something new or this rank has everything ready (it can only wait for the others). A rank that
-// stays away has something not ready yet, and comes as soon as it has more: every rank's
-// gradients are ready by its end() (unreported ones are settled there), so the step finishes;
-// and a round without progress is followed only by one that some rank's new readiness starts, so
-// ranks never spin in empty rounds.
+// Everything that decides the sequence (bytes sent, round results, partitions started) is the same
+// on every rank, so every rank issues the same collectives in the same order. Rounds are bounded
+// by the bytes sent (no round is held twice without a partition in between), so ranks never spin
+// in empty rounds, and a model smaller than round_every_ runs in index order with no round at all.
+// (An earlier version held a round at each new readiness and between every two partitions: one
+// extra collective per partition, whose wake-ups cost ~7 ms each on a busy 2-core host.)
 //
-// FIFO (COMM_ENGINE_SCHEDULE=fifo, and device gradients): partitions in index order (bucket order)
-// as each becomes ready on this rank, as torch's DDP issues buckets; no rounds.
+// FIFO (COMM_ENGINE_SCHEDULE=fifo, and device gradients): index order only; no rounds.
 #include <algorithm>
 #include <cstring>
 
@@ -33,65 +33,52 @@ namespace comm::engine {
 
 int Engine::next_move() {
   const int n = static_cast<int>(parts_.size());
-  if (done_parts_ == n || started_parts_ == n) return kIdle;
-  if (opt_.fifo) {
-    const Partition& next = parts_[static_cast<size_t>(started_parts_)];
-    return next.ready ? started_parts_ : kIdle;
-  }
-  const int pending_agreed = agreed_parts_ - started_parts_;
-  if (pending_agreed > 0 && (agreed_parts_ == n || just_rounded_)) {
-    int best = -1;
-    for (int k = 0; k < n; ++k) {
-      const Partition& pt = parts_[static_cast<size_t>(k)];
-      if (pt.agreed && !pt.started && (best < 0 || pt.layout.priority < parts_[static_cast<size_t>(best)].layout.priority))
-        best = k;
+  if (started_parts_ == n) return kIdle;
+  if (!opt_.fifo) {
+    if (known_parts_ < n && bytes_since_round_ >= round_every_) return kRound;  // every rank knows it
+    if (agreed_waiting_ > 0) {
+      int best = -1;
+      for (int k = 0; k < n; ++k) {
+        const Partition& pt = parts_[static_cast<size_t>(k)];
+        if (pt.agreed && !pt.started &&
+            (best < 0 || pt.layout.priority < parts_[static_cast<size_t>(best)].layout.priority))
+          best = k;
+      }
+      return best;
     }
-    return best;
   }
-  if (pending_agreed > 0) return kRound;  // every rank knows it: they all come
-  // Nothing agreed left to run: a round only when it can move the agreement on (see the top).
-  const bool grown = ready_parts_ > contributed_, complete = ready_parts_ == n;
-  return (grown || (mismatch_ && (last_round_progress_ || complete))) ? kRound : kIdle;
+  while (parts_[static_cast<size_t>(fifo_next_)].started) ++fifo_next_;  // some ran out of order
+  return parts_[static_cast<size_t>(fifo_next_)].ready ? fifo_next_ : kIdle;
 }
 
 Status Engine::agree_round(std::unique_lock<std::mutex>& lock) {
   const size_t n = parts_.size();
   round_buf_.resize(n);
-  int mine = 0;
-  for (size_t k = 0; k < n; ++k) {
-    round_buf_[k] = parts_[k].ready ? 1 : 0;
-    mine += round_buf_[k];
-  }
+  for (size_t k = 0; k < n; ++k) round_buf_[k] = parts_[k].ready ? 1 : 0;
   const double t0 = now_us();
   running_ = true;
   lock.unlock();
-  // Only the comm thread touches round_buf_ and the agreed flags' inputs below.
+  // Only the comm thread touches round_buf_.
   comm_status_t s = comm_allreduce(comm_, round_buf_.data(), round_buf_.data(), n, COMM_UINT8, COMM_MIN, nullptr);
   const double t1 = now_us();
   lock.lock();
   running_ = false;
   ++rounds_;
   round_us_ += t1 - t0;
+  bytes_since_round_ = 0;
   trace_.span(Trace::kRound, static_cast<int64_t>(rounds_), sched_step_, t0, t1);
   if (s != COMM_OK)
     return Status(s, "rank " + std::to_string(rank_) + ", comm_engine readiness round of step " + std::to_string(sched_step_) +
                          ": " + without_rank(comm_last_error(nullptr), rank_) +
                          " (a peer that reported a different set of gradients, called begin with a different sync "
                          "flag or never called end leaves this round waiting)");
-  int agreed = 0;
-  const int agreed_before = agreed_parts_;
   for (size_t k = 0; k < n; ++k) {
-    if (round_buf_[k] == 0) continue;
-    ++agreed;
-    if (!parts_[k].agreed) {
-      parts_[k].agreed = true;
-      ++agreed_parts_;
-    }
+    Partition& pt = parts_[k];
+    if (round_buf_[k] == 0 || pt.agreed || pt.started) continue;
+    pt.agreed = true;
+    ++agreed_waiting_;
+    ++known_parts_;
   }
-  last_round_progress_ = agreed_parts_ > agreed_before;
-  contributed_ = mine;
-  mismatch_ = agreed < mine;
-  just_rounded_ = true;
   return Status::Ok();
 }
 
@@ -162,10 +149,12 @@ void Engine::comm_loop() {
       st = agree_round(lock);
     } else {
       Partition& pt = parts_[static_cast<size_t>(move)];
+      if (pt.agreed) --agreed_waiting_;
+      else ++known_parts_;
       pt.started = true;
       pt.wire_order = started_parts_++;
       pt.start_us = now_us();
-      just_rounded_ = false;
+      bytes_since_round_ += pt.layout.count * dtype_size(buckets_[static_cast<size_t>(pt.layout.bucket)].wire);
       running_ = true;
       lock.unlock();
       st = run_partition(move);

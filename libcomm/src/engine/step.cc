@@ -32,7 +32,6 @@ void Engine::mark_in_bucket(int p, double t_us) {
     if (--pt.pending == 0) {
       pt.ready = true;
       pt.ready_us = t_us;
-      ++ready_parts_;
       cv_.notify_all();  // the comm thread may hold a round now
     }
   }
@@ -85,8 +84,8 @@ Status Engine::begin(bool sync) {
     pt.wire_order = -1;
     pt.ready_us = pt.start_us = pt.done_us = 0;
   }
-  done_parts_ = started_parts_ = ready_parts_ = agreed_parts_ = contributed_ = 0;
-  mismatch_ = just_rounded_ = last_round_progress_ = false;
+  done_parts_ = started_parts_ = agreed_waiting_ = known_parts_ = fifo_next_ = 0;
+  bytes_since_round_ = 0;
   rounds_ = 0;
   round_us_ = forward_wait_us_ = 0;
   sched_step_ = steps_ + 1;
