@@ -81,23 +81,23 @@ class DistributedDataParallel(torch.nn.Module):
                                  " is not a dense contiguous CPU tensor; only those are supported")
         self._broadcast_state()
 
-        self.engine = engine_factory(
-            self._user_comm, bucket_cap_bytes=int(bucket_cap_mb * (1 << 20)),
+        self._engine_args = dict(
+            bucket_cap_bytes=int(bucket_cap_mb * (1 << 20)),
             first_bucket_bytes=None if first_bucket_mb is None else int(first_bucket_mb * (1 << 20)),
             gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph,
             find_unused_parameters=find_unused_parameters, wire_dtype=wire_dtype,
             trace_file=trace_file, **({"overlap_forward": True} if overlap_forward else {}),
             **({} if partition_mb is None else {"partition_bytes": int(partition_mb * (1 << 20))}))
+        self._engine_factory = engine_factory
         self.overlap_forward = bool(overlap_forward)
         self._overlapped = None               # the _OverlappedOptimizer, once made
         self._in_flight = False               # overlap_forward: this step's gradients still arriving
-        for p in self._params:
-            self.engine.register(p.numel(), p.dtype)
-        self.engine.finalize()
+        self._comm_hook = None                # (state, hook) of register_comm_hook
+        self._hook_comm = None                # the hooks' own communicator
+        self._stepped = False                 # a backward ran: too late for register_comm_hook
         self._layout = None
         self._views = [None] * len(self._params)
-        if gradient_as_bucket_view:
-            self._install_views()
+        self.engine = self._make_engine()
 
         n = len(self._params)
         self._ready = np.zeros(n, np.int32)   # this backward: hook fired for parameter i
@@ -110,6 +110,18 @@ class DistributedDataParallel(torch.nn.Module):
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(self._make_hook(i))
             self._accumulators.append(acc)
+
+    def _make_engine(self, reduce_hook=None):
+        engine = self._engine_factory(self._user_comm, **self._engine_args)
+        for p in self._params:
+            engine.register(p.numel(), p.dtype)
+        if reduce_hook is not None:
+            engine.set_reduce_hook(reduce_hook)
+        engine.finalize()
+        self.engine = engine
+        if self.gradient_as_bucket_view:
+            self._install_views()
+        return engine
 
     # ---- state shared at wrap time and each forward ----
     def _broadcast_state(self):
@@ -189,6 +201,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._step_sync = sync
         self._ready[:] = 0
         self.engine.begin(sync)
+        self._stepped = True
         self._in_backward = True
         _execution_engine.queue_callback(self._end_backward)
 
@@ -256,6 +269,52 @@ class DistributedDataParallel(torch.nn.Module):
     def stats(self):
         return self.engine.stats()
 
+    def register_comm_hook(self, state, hook):
+        """torch DDP's comm hook: hook(state, bucket) -> Future[Tensor] reduces each partition
+        instead of the engine's all-reduce (libcomm.comm_hooks: GradBucket, allreduce_hook,
+        fp16_compress_hook, bf16_compress_hook). Every rank registers the same hook, before the
+        first backward, once. The hook runs on the engine's thread; bucket.comm is a communicator
+        of its own (state=None in the shipped hooks), safe for collectives from inside a hook."""
+        from .comm_hooks import GradBucket
+        if self._comm_hook is not None:
+            raise RuntimeError("libcomm DDP: register_comm_hook can only be called once")
+        if self._stepped:
+            raise RuntimeError("libcomm DDP: register_comm_hook must be called before the first backward")
+        if not callable(hook):
+            raise TypeError(f"libcomm DDP: register_comm_hook: the hook {hook!r} is not callable")
+        if not hasattr(self.engine, "set_reduce_hook"):
+            raise NotImplementedError(f"libcomm DDP: the engine {type(self.engine).__name__} has no reduce hooks")
+        # The engine takes its hook before finalize: a new engine replaces the one made at wrap
+        # time (collective, as this call is on every rank). Views' values survive the swap.
+        self._hook_comm = self._user_comm.dup()
+        params, comm = self._params, self._hook_comm
+
+        def reduce(args):
+            bucket = GradBucket(args, params, comm)
+            out = hook(state, bucket)
+            if isinstance(out, torch.futures.Future):
+                out = out.wait()
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"libcomm DDP comm hook {getattr(hook, '__name__', hook)} returned "
+                                f"{type(out).__name__}, not a Future[Tensor] or Tensor")
+            if out.numel() != bucket.buffer().numel():
+                raise ValueError(f"libcomm DDP comm hook returned {out.numel()} elements for a "
+                                 f"partition of {bucket.buffer().numel()}")
+            if out.data_ptr() != bucket.buffer().data_ptr():
+                bucket.set_buffer(out)
+
+        if self.gradient_as_bucket_view:
+            for i, p in enumerate(self._params):
+                if p.grad is not None and self._views[i] is not None and \
+                        p.grad.data_ptr() == self._views[i].data_ptr():
+                    p.grad = p.grad.clone()  # the old bucket storage goes with the old engine
+            self._views = [None] * len(self._params)
+        old = self.engine
+        self.engine = None
+        old.destroy()
+        self._make_engine(reduce)
+        self._comm_hook = (state, hook)
+
     def overlap_optimizer(self, optimizer):
         """The optimizer, deferred per module (overlap_forward=True): see the module docstring."""
         if not self.overlap_forward:
@@ -278,6 +337,8 @@ class DistributedDataParallel(torch.nn.Module):
             self.engine.destroy()
             self.engine = None
             self._comm.destroy()
+            if self._hook_comm is not None:
+                self._hook_comm.destroy()
             if self._owns_comm:
                 self._user_comm.destroy()
 
