@@ -14,6 +14,8 @@ What it does, as torch's own DDP does it:
   `loss.backward()` returns with averaged gradients and optimizer.step() (and gradient
   clipping before it) sees them.
 - no_sync(): backward accumulates locally; the next synced backward reduces the sum.
+- register_comm_hook(state, hook): torch's comm hooks, per partition (libcomm/comm_hooks.py).
+- join(): uneven inputs, as torch's Join context manager does for its DDP (see join()).
 - gradient_as_bucket_view: each p.grad is a view of the engine's bucket storage (no copy in or
   out); a gradient the framework replaced (zero_grad(set_to_none=True)) is copied back in.
 - find_unused_parameters: parameters without a gradient in this backward are reported with
@@ -95,6 +97,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._comm_hook = None                # (state, hook) of register_comm_hook
         self._hook_comm = None                # the hooks' own communicator
         self._stepped = False                 # a backward ran: too late for register_comm_hook
+        self._joining = False                 # inside join(): each training forward says "active"
         self._layout = None
         self._views = [None] * len(self._params)
         self.engine = self._make_engine()
@@ -129,12 +132,12 @@ class DistributedDataParallel(torch.nn.Module):
             for t in list(self._params) + list(self.module.buffers()):
                 self._broadcast_tensor(t)
 
-    def _broadcast_tensor(self, t):
+    def _broadcast_tensor(self, t, root=0):
         if t.is_contiguous():
-            self._comm.broadcast(t.data, root=0)
+            self._comm.broadcast(t.data, root=root)
         else:
             tmp = t.data.contiguous()
-            self._comm.broadcast(tmp, root=0)
+            self._comm.broadcast(tmp, root=root)
             t.data.copy_(tmp)
 
     # ---- gradient views ----
@@ -165,10 +168,15 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if torch.is_grad_enabled():
             self._pending_sync = self.require_backward_grad_sync
+            root = 0
+            if self._joining:
+                # The counterpart of the joined ranks' in _shadow_until_all_joined: buffers come
+                # from the highest active rank (rank 0 may have joined with stale ones), as torch's.
+                root = self._join_round(True)[0]
             if self.broadcast_buffers:
                 with torch.no_grad():
                     for b in self.module.buffers():
-                        self._broadcast_tensor(b)
+                        self._broadcast_tensor(b, root=root)
         return self.module(*inputs, **kwargs)
 
     def _make_hook(self, i):
@@ -268,6 +276,83 @@ class DistributedDataParallel(torch.nn.Module):
 
     def stats(self):
         return self.engine.stats()
+
+    def join(self, enable=True):
+        """Uneven inputs, as torch's `with Join([model]):` for its DDP:
+
+            with model.join():
+                for x in my_batches:        # some ranks have fewer
+                    model(x).sum().backward(); opt.step()
+
+        Inside, each training forward (grad enabled) first all-reduces "still active, synced or
+        not"; a rank that leaves the block (out of batches) shadows the others' steps until every
+        rank has left: it takes part in their buffer broadcasts and their gradient reduction with
+        zeros, so the active ranks' gradients are the sum over the active ranks divided by the
+        world size (torch's default, divide_by_initial_world_size=True). At the end every rank
+        takes the model of the last rank to join, as torch's DDP does. Each rank must run
+        forward and backward (synced) as a pair inside; the joined rank's gradients are not
+        meaningful afterwards (with bucket views they hold the last shadow step's values). Not
+        with overlap_forward."""
+        ddp = self
+
+        class _Join:
+            def __enter__(self):
+                if enable:
+                    if ddp.overlap_forward:
+                        raise ValueError("libcomm DDP: join() does not work with overlap_forward=True")
+                    ddp._joining = True
+                return ddp
+
+            def __exit__(self, exc_type, *exc):
+                if not enable:
+                    return False
+                try:
+                    if exc_type is None:
+                        ddp._shadow_until_all_joined()
+                finally:
+                    ddp._joining = False
+                return False
+        return _Join()
+
+    def _join_round(self, active):
+        """One join() round: (highest active rank or -1, whether the active ranks sync)."""
+        flags = np.array([self._comm.rank + 1, int(self._pending_sync)] if active else [0, 0], np.int32)
+        self._comm.allreduce(flags, op="max")
+        return int(flags[0]) - 1, bool(flags[1])
+
+    def _shadow_until_all_joined(self):
+        """The joined rank's side of join(): one round per step of the others, then their step."""
+        zeros = None
+        shadowed = False
+        while True:
+            root, sync = self._join_round(False)
+            if root < 0:
+                break
+            shadowed = True
+            if self.broadcast_buffers:
+                with torch.no_grad():
+                    for b in self.module.buffers():
+                        self._broadcast_tensor(b, root=root)
+            if not sync:
+                continue  # a no_sync step: nothing to reduce
+            if zeros is None:
+                zeros = [torch.zeros_like(p) for p in self._params]
+            for z in zeros:
+                z.zero_()  # the last shadow step left the reduced values there
+            self.engine.begin(True)
+            for i, z in enumerate(zeros):
+                self.engine.grad_ready(i, z.data_ptr() if z.numel() else None)
+            if self.find_unused_parameters:
+                self._comm.allreduce(np.zeros(len(self._params), np.int32), op="max")  # the used-map
+            self.engine.end()
+            self._stepped = True
+        # As torch's DDP join hook: every rank ends with the model of the highest-ranked of the
+        # last to join (those that never shadowed a step).
+        root = np.array([self._comm.rank if not shadowed else -1], np.int32)
+        self._comm.allreduce(root, op="max")
+        with torch.no_grad():
+            for t in list(self._params) + list(self.module.buffers()):
+                self._broadcast_tensor(t, root=int(root[0]))
 
     def register_comm_hook(self, state, hook):
         """torch DDP's comm hook: hook(state, bucket) -> Future[Tensor] reduces each partition
