@@ -81,6 +81,15 @@ def hooks_with_bucket_views(comm):
 
 
 @case
+def hooks_with_static_graph_and_overlap_forward(comm):
+    # static_graph rebuilds the partitions after the first step; overlap_forward runs hooks after
+    # end() returned (here end() still waits per gradient, without an overlapped optimizer).
+    for opts in (dict(static_graph=True), dict(overlap_forward=True)):
+        assert_same(train(comm, hook=bf16_compress_hook, **opts), train(comm, wire_dtype="bfloat16", **opts),
+                    f"bf16_compress_hook vs wire_dtype=bfloat16, {opts}")
+
+
+@case
 def a_custom_hook_sees_each_partition_once_in_the_same_order(comm):
     calls = []
 
