@@ -8,7 +8,8 @@ refused; an exception in a hook comes out of backward on every rank without a ha
 import torch
 
 from harness import case, expect_raises, main
-from libcomm.comm_hooks import allreduce_hook, bf16_compress_hook, fp16_compress_hook
+from libcomm.comm_hooks import (PowerSGDState, allreduce_hook, bf16_compress_hook, fp16_compress_hook,
+                                powerSGD_hook)
 from libcomm.torch_ddp import DistributedDataParallel
 
 # Small buckets and partitions: several of each, a parameter split across partitions.
@@ -26,12 +27,12 @@ class Net(torch.nn.Module):
         return self.out(torch.tanh(self.mid(torch.relu(self.inp(x)))))
 
 
-def train(comm, steps=3, hook=None, view=False, **opts):
+def train(comm, steps=3, hook=None, view=False, state=None, **opts):
     """Gradients after each backward and parameters at the end: the same seed and data per rank."""
     torch.manual_seed(0)
-    model = DistributedDataParallel(Net(), comm, gradient_as_bucket_view=view, **OPTS, **opts)
+    model = DistributedDataParallel(Net(), comm, gradient_as_bucket_view=view, **{**OPTS, **opts})
     if hook is not None:
-        model.register_comm_hook(None, hook)
+        model.register_comm_hook(state, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + comm.rank)
     grads = []
@@ -87,6 +88,43 @@ def hooks_with_static_graph_and_overlap_forward(comm):
     for opts in (dict(static_graph=True), dict(overlap_forward=True)):
         assert_same(train(comm, hook=bf16_compress_hook, **opts), train(comm, wire_dtype="bfloat16", **opts),
                     f"bf16_compress_hook vs wire_dtype=bfloat16, {opts}")
+
+
+@case
+def powerSGD_before_its_start_is_the_allreduce(comm):
+    assert_same(train(comm, hook=powerSGD_hook, state=PowerSGDState(start_powerSGD_iter=10)), train(comm),
+                "powerSGD_hook before start_powerSGD_iter vs the engine")
+
+
+@case
+def powerSGD_at_full_rank_is_the_average(comm):
+    # The average's rank is at most 16 (2 ranks x 8 samples, a sum of outer products per sample):
+    # with rank 16, P P^T projects on its column space, so P Q^T is the average (to the rounding
+    # of fp32 Gram-Schmidt: 2e-4 of the largest element measured).
+    # Partitions large enough to hold whole matrices.
+    state = PowerSGDState(matrix_approximation_rank=16, start_powerSGD_iter=0, min_compression_rate=0,
+                          use_error_feedback=False)
+    (g_psgd, _), (g_ref, _) = (train(comm, steps=2, hook=powerSGD_hook, state=state, partition_mb=1),
+                              train(comm, steps=2, partition_mb=1))
+    for step, (x, y) in enumerate(zip(g_psgd, g_ref)):
+        for i, (u, v) in enumerate(zip(x, y)):
+            err, scale = (u - v).abs().max().item(), v.abs().max().item()
+            assert err <= 1e-3 * scale, f"step {step} gradient {i}: {err} off, of {scale}"
+    assert state.iter == 2
+
+
+@case
+def powerSGD_rank1_compresses_and_ranks_agree(comm):
+    state = PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=1)
+    (grads, params), (exact, _) = (train(comm, steps=4, hook=powerSGD_hook, state=state, partition_mb=1),
+                                  train(comm, steps=4, partition_mb=1))
+    assert state.error and state.qs, "PowerSGD never compressed"
+    mid = 2  # self.mid.weight: 48 x 48, rank 1 from step 1
+    assert not torch.allclose(grads[2][mid], exact[2][mid], rtol=1e-3), "rank-1 gradient equals the exact one"
+    flat = torch.cat([p.reshape(-1) for p in params])
+    both = comm.allgather(flat).reshape(comm.size, -1)
+    assert torch.equal(both[0], both[1]), "the ranks' parameters differ after PowerSGD steps"
+    assert torch.isfinite(flat).all()
 
 
 @case
