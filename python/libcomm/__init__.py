@@ -5,11 +5,13 @@
         x = numpy.ones(4, numpy.float32)
         comm.allreduce(x, op="avg")
 
-The library is found through LIBCOMM_LIBRARY, then the repository's build/, then the system.
+The library is found through LIBCOMM_LIBRARY, then the repository's build/ (from a source
+checkout), then the loader's search path (an installed libcomm.so.1), then next to the package.
 Every failing call raises a CommError subclass whose message is comm_last_error's.
 """
 
 from ._lib import path as library_path
+from ._version import __version__
 from .buffers import (BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, UINT8, UINT32,
                       UINT64, RawBuffer, dtype_code)
 from .communicator import (OPS, Communicator, MemBuffer, Request, bfloat16_bits, bfloat16_values,
@@ -19,7 +21,7 @@ from .errors import (AbortedError, CommError, CommSystemError, CommTimeoutError,
                      status_string)
 
 __all__ = [
-    "Communicator", "Request", "MemBuffer", "RawBuffer", "group", "version", "library_path",
+    "__version__", "Communicator", "Request", "MemBuffer", "RawBuffer", "group", "version", "library_path",
     "dtype_code", "bfloat16_bits", "bfloat16_values", "status_string", "OPS",
     "CommError", "InvalidArgumentError", "InvalidUsageError", "CommSystemError",
     "CommTimeoutError", "RemoteError", "AbortedError", "UnavailableError", "InternalError",

@@ -38,23 +38,31 @@ COMM_CONFIG_VERSION = 1
 
 
 def _candidates():
-    """Where libcomm.so is looked for, in order: LIBCOMM_LIBRARY, the build dir, the system."""
+    """Where libcomm.so is looked for, in order: LIBCOMM_LIBRARY; the repository's build/ when
+    the package runs from a source checkout; the loader's search path (an installed
+    libcomm.so.1: ldconfig's cache, LD_LIBRARY_PATH); a copy next to the package (a wheel
+    that bundles it)."""
     explicit = os.environ.get("LIBCOMM_LIBRARY")
     if explicit:
         # Set on purpose: never fall back silently to another copy.
         return [explicit], True
     out = []
+    here = Path(__file__).resolve().parent
     # python/libcomm/_lib.py -> repository root; `meson setup build` puts libcomm.so there.
-    root = Path(__file__).resolve().parents[2]
-    for build in ("build", "builddir"):
-        for name in ("libcomm.so.1", "libcomm.so"):
-            path = root / build / name
-            if path.exists():
-                out.append(str(path))
-    found = ctypes.util.find_library("comm")
-    if found:
-        out.append(found)
+    # Installed (site-packages), parents[1] has no meson.build: no build/ of a stranger is used.
+    root = here.parents[1]
+    if (root / "meson.build").exists() and (root / "libcomm" / "include").is_dir():
+        for build in ("build", "builddir"):
+            for name in ("libcomm.so.1", "libcomm.so"):
+                path = root / build / name
+                if path.exists():
+                    out.append(str(path))
+    # The soname first: dlopen searches LD_LIBRARY_PATH, ldconfig's cache and /lib, /usr/lib.
     out.append("libcomm.so.1")
+    found = ctypes.util.find_library("comm")
+    if found and found != "libcomm.so.1":
+        out.append(found)
+    out.append(str(here / "libcomm.so.1"))
     return out, False
 
 
@@ -70,7 +78,8 @@ def _load():
                 break
     raise OSError(
         "libcomm: cannot load libcomm.so (" + "; ".join(errors) + "). Set LIBCOMM_LIBRARY to the "
-        "library's path, build it with `meson setup build && ninja -C build`, or install it.")
+        "library's path, build it with `meson setup build && ninja -C build`, or install it (`meson install -C build`, "
+        "then ldconfig).")
 
 
 # Each entry: name -> (argtypes). Every call returns comm_status_t except where noted.

@@ -1,9 +1,11 @@
 """What a collective's buffer argument may be, and how it becomes (pointer, count, dtype).
 
-Accepted: numpy arrays, torch CPU tensors, objects with the buffer protocol (bytearray,
-memoryview, array.array, ctypes arrays; a dtype is needed when their format does not say it),
-and RawBuffer (an address, a count and a dtype, e.g. memory from Communicator.mem_alloc).
-Every buffer must be contiguous: libcomm reads and writes `count` elements from its start.
+Accepted: numpy arrays, torch tensors (CPU, or CUDA: on the tensor's current stream), objects
+with the buffer protocol (bytearray, memoryview, array.array, ctypes arrays; a dtype is needed when
+their format does not say it), objects with __cuda_array_interface__ (CuPy, Numba: device memory,
+on the stream the interface names), and RawBuffer (an address, a count and a dtype, e.g. memory
+from Communicator.mem_alloc; with stream=, device memory). Every buffer must be contiguous:
+libcomm reads and writes `count` elements from its start.
 """
 
 import ctypes
@@ -72,6 +74,7 @@ class RawBuffer:
     count: int
     dtype: object = "float32"
     owner: object = None  # kept alive with the buffer
+    stream: object = None  # None: host memory; a cudaStream_t (int, or .cuda_stream): device memory
 
 
 @dataclass
@@ -81,6 +84,19 @@ class Buf:
     dtype: int
     writable: bool
     keep: object    # the Python object whose memory this is, held while a request runs
+    stream: int = 0  # 0: host memory; else device memory, the cudaStream_t the call is enqueued on
+
+
+def cuda_stream(value):
+    """comm_stream_t of a stream: an address, an object with .cuda_stream (torch.cuda.Stream).
+    0 and None are CUDA's default stream, which comm.h cannot take as NULL (NULL means host
+    buffers): they become cudaStreamLegacy (1), the same stream by its explicit handle."""
+    if value is not None and not isinstance(value, int):
+        value = getattr(value, "cuda_stream", value)
+        if not isinstance(value, int):
+            raise invalid(f"libcomm: stream {value!r} is neither a cudaStream_t address (int) nor "
+                          "has .cuda_stream (torch.cuda.Stream)")
+    return int(value) if value else 1
 
 
 _MEMVIEW_FORMATS = {"f": FLOAT32, "d": FLOAT64, "e": FLOAT16, "b": INT8, "B": UINT8,
@@ -94,16 +110,20 @@ def as_buf(obj, dtype=None, what="buffer"):
     if isinstance(obj, RawBuffer):
         if obj.count < 0:
             raise invalid(f"libcomm: {what}: negative count {obj.count}")
-        return Buf(int(obj.address or 0), int(obj.count), dtype_code(obj.dtype), True, obj)
+        return Buf(int(obj.address or 0), int(obj.count), dtype_code(obj.dtype), True, obj,
+                   0 if obj.stream is None else cuda_stream(obj.stream))
     if isinstance(obj, np.ndarray):
         return _numpy_buf(obj, dtype, what)
     if type(obj).__module__.startswith("torch"):
         return _torch_buf(obj, dtype, what)
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _cuda_array_buf(obj, dtype, what)
     try:
         view = memoryview(obj)
     except TypeError:
         raise invalid(f"libcomm: {what} is a {type(obj).__name__}; expected a numpy array, a "
-                      "torch CPU tensor, a buffer-protocol object or libcomm.RawBuffer") from None
+                      "torch tensor, a buffer-protocol object, an object with "
+                      "__cuda_array_interface__ or libcomm.RawBuffer") from None
     if not view.c_contiguous:
         raise invalid(f"libcomm: {what} is not contiguous; pass a contiguous buffer")
     if dtype is None:
@@ -139,27 +159,58 @@ def _numpy_buf(arr, dtype, what):
                bool(arr.flags.writeable), arr)
 
 
+def _cuda_array_buf(obj, dtype, what):
+    """__cuda_array_interface__ (version 2 or 3): device memory on the interface's stream."""
+    iface = obj.__cuda_array_interface__
+    ptr, readonly = iface["data"]
+    shape = tuple(int(n) for n in iface["shape"])
+    np_dtype = np.dtype(iface["typestr"])
+    strides = iface.get("strides")
+    if strides is not None:
+        want, step = [], np_dtype.itemsize
+        for n in reversed(shape):
+            want.insert(0, step)
+            step *= n
+        if tuple(strides) != tuple(want) and int(np.prod(shape)) > 1:
+            raise invalid(f"libcomm: {what} (__cuda_array_interface__) is not C-contiguous")
+    if iface.get("mask") is not None:
+        raise invalid(f"libcomm: {what} (__cuda_array_interface__) has a mask; pass plain memory")
+    code = _NUMPY.get(np_dtype) if dtype is None else dtype_code(dtype)
+    if code is None:
+        raise invalid(f"libcomm: {what} has typestr {iface['typestr']!r}, which libcomm does not "
+                      "reduce; pass dtype=... to say what its bytes hold")
+    nbytes = int(np.prod(shape)) * np_dtype.itemsize
+    if nbytes % ITEMSIZE[code]:
+        raise invalid(f"libcomm: {what} has {nbytes} bytes, not a whole number of "
+                      f"{DTYPE_NAMES[code]} elements")
+    # Version 3's "stream": the stream the producer last used (1 legacy, 2 per-thread default);
+    # absent or None: no ordering needed, the default stream serves.
+    return Buf(int(ptr or 0) if nbytes else 0, nbytes // ITEMSIZE[code], code, not readonly, obj,
+               cuda_stream(iface.get("stream")))
+
+
 def _torch_buf(t, dtype, what):
     import torch
     if not isinstance(t, torch.Tensor):
         raise invalid(f"libcomm: {what} is a {type(t).__name__}, not a tensor")
-    if t.device.type != "cpu":
-        raise invalid(f"libcomm: {what} is on {t.device}; the Python binding passes host memory "
-                      "only (move it with .cpu())")
+    if t.device.type not in ("cpu", "cuda"):
+        raise invalid(f"libcomm: {what} is on {t.device}; libcomm takes CPU and CUDA tensors")
     if not t.is_contiguous():
         raise invalid(f"libcomm: {what} (torch tensor) is not contiguous; use .contiguous()")
     code = _torch_dtypes().get(t.dtype) if dtype is None else dtype_code(dtype)
     if code is None:
         raise invalid(f"libcomm: {what} has torch dtype {t.dtype}, which libcomm does not reduce")
     nbytes = t.numel() * t.element_size()
-    return Buf(t.data_ptr() if nbytes else 0, nbytes // ITEMSIZE[code], code, True, t)
+    # A CUDA tensor's call is enqueued on its device's current stream, as torch's own collectives.
+    stream = cuda_stream(torch.cuda.current_stream(t.device)) if t.device.type == "cuda" else 0
+    return Buf(t.data_ptr() if nbytes else 0, nbytes // ITEMSIZE[code], code, True, t, stream)
 
 
 def empty_like(obj, count, buf):
     """A fresh buffer of the same kind as `obj` with `count` elements of buf.dtype."""
     if type(obj).__module__.startswith("torch"):
         import torch
-        return torch.empty(count, dtype=obj.dtype)
+        return torch.empty(count, dtype=obj.dtype, device=obj.device)
     if isinstance(obj, np.ndarray):
         return np.empty(count, dtype=obj.dtype)
     raise invalid("libcomm: pass the receive buffer explicitly for raw buffers")

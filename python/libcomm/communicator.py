@@ -199,11 +199,17 @@ class Communicator:
         return mem
 
     # ---- the calls ----
-    def _run(self, name, blocking, args, result, keep):
+    def _run(self, name, blocking, args, result, keep, stream=0):
+        """stream: 0 for host buffers, else the cudaStream_t of device buffers (blocking calls
+        only: comm.h's non-blocking calls take host memory)."""
         what = f"{name if blocking else 'comm_i' + name[5:]} (rank {self.rank} of {self.size})"
         if blocking:
-            check(getattr(lib, name)(self._live(), *args, None), what)
+            check(getattr(lib, name)(self._live(), *args, void_p(stream)), what)
             return result
+        if stream:
+            raise invalid(f"libcomm: {what}: device buffers go through the blocking call (it is "
+                          "enqueued on their stream and returns at once); the non-blocking calls "
+                          "take host memory")
         req = ctypes.c_void_p()
         check(getattr(lib, "comm_i" + name[5:])(self._live(), *args, ctypes.byref(req)), what)
         return Request(self, req.value, what, result, keep)
@@ -223,6 +229,10 @@ class Communicator:
             typed = isinstance(recvbuf, np.ndarray) or type(recvbuf).__module__.startswith("torch")
             recv = as_buf(recvbuf, dtype if (dtype is not None or typed) else send.dtype,
                           f"{op}: recvbuf")
+        if recv.stream != send.stream:
+            where = lambda b: f"device memory (stream {b.stream:#x})" if b.stream else "host memory"
+            raise invalid(f"libcomm: {op}: sendbuf is {where(send)} but recvbuf {where(recv)}; both "
+                          "must be host memory, or device memory on one stream")
         if recv.dtype != send.dtype:
             raise invalid(f"libcomm: {op}: sendbuf holds {DTYPE_NAMES[send.dtype]} but recvbuf "
                           f"{DTYPE_NAMES[recv.dtype]}; both must be the same dtype")
@@ -238,19 +248,19 @@ class Communicator:
         send, recv, out = self._pair("allreduce", sendbuf, recvbuf, dtype, lambda s: s.count)
         return self._run("comm_allreduce", blocking,
                          (void_p(send.ptr), void_p(recv.ptr), send.count, send.dtype,
-                          op_code(op)), out, (sendbuf, out, send, recv))
+                          op_code(op)), out, (sendbuf, out, send, recv), send.stream)
 
     def _broadcast(self, blocking, buf, root, recvbuf, dtype):
         send, recv, out = self._pair("broadcast", buf, recvbuf, dtype, lambda s: s.count)
         return self._run("comm_broadcast", blocking,
                          (void_p(send.ptr), void_p(recv.ptr), send.count, send.dtype, int(root)),
-                         out, (buf, out, send, recv))
+                         out, (buf, out, send, recv), send.stream)
 
     def _reduce(self, blocking, sendbuf, recvbuf, op, root, dtype):
         send, recv, out = self._pair("reduce", sendbuf, recvbuf, dtype, lambda s: s.count)
         return self._run("comm_reduce", blocking,
                          (void_p(send.ptr), void_p(recv.ptr), send.count, send.dtype, op_code(op),
-                          int(root)), out, (sendbuf, out, send, recv))
+                          int(root)), out, (sendbuf, out, send, recv), send.stream)
 
     def _allgather(self, blocking, sendbuf, recvbuf, dtype):
         n = self.size
@@ -258,7 +268,7 @@ class Communicator:
                                      lambda s: s.count * n, lambda s: s.count * n)
         return self._run("comm_allgather", blocking,
                          (void_p(send.ptr), void_p(recv.ptr), send.count, send.dtype), out,
-                         (sendbuf, out, send, recv))
+                         (sendbuf, out, send, recv), send.stream)
 
     def _reduce_scatter(self, blocking, sendbuf, recvbuf, op, dtype):
         n = self.size
@@ -270,7 +280,7 @@ class Communicator:
                                      lambda s: s.count // n, lambda s: s.count // n)
         return self._run("comm_reduce_scatter", blocking,
                          (void_p(send.ptr), void_p(recv.ptr), recv.count, send.dtype,
-                          op_code(op)), out, (sendbuf, out, send, recv))
+                          op_code(op)), out, (sendbuf, out, send, recv), send.stream)
 
     def _alltoall(self, blocking, sendbuf, recvbuf, dtype):
         n = self.size
@@ -282,19 +292,19 @@ class Communicator:
                                      lambda s: s.count, lambda s: s.count)
         return self._run("comm_alltoall", blocking,
                          (void_p(send.ptr), void_p(recv.ptr), send.count // n, send.dtype), out,
-                         (sendbuf, out, send, recv))
+                         (sendbuf, out, send, recv), send.stream)
 
     def _send(self, blocking, buf, peer, dtype):
         b = as_buf(buf, dtype, "send: buf")
         return self._run("comm_send", blocking, (void_p(b.ptr), b.count, b.dtype, int(peer)),
-                         None, (buf, b))
+                         None, (buf, b), b.stream)
 
     def _recv(self, blocking, buf, peer, dtype):
         b = as_buf(buf, dtype, "recv: buf")
         if not b.writable:
             raise invalid("libcomm: recv: buf is read-only")
         return self._run("comm_recv", blocking, (void_p(b.ptr), b.count, b.dtype, int(peer)),
-                         buf, (buf, b))
+                         buf, (buf, b), b.stream)
 
     # Blocking: each returns its receive buffer (the send buffer when in place).
     def allreduce(self, sendbuf, recvbuf=None, op="sum", dtype=None):

@@ -96,6 +96,23 @@ class EngineStats(ctypes.Structure):
     ]
 
 
+class HookArgs(ctypes.Structure):
+    """comm_engine_hook_args_t: the partition a reduce hook reduces in place."""
+    _fields_ = [
+        ("buffer", ctypes.c_void_p),
+        ("count", ctypes.c_size_t),
+        ("dtype", ctypes.c_int),
+        ("partition", ctypes.c_int),
+        ("bucket", ctypes.c_int),
+        ("params", ctypes.POINTER(ctypes.c_int)),
+        ("num_params", ctypes.c_int),
+        ("wire_order", ctypes.c_int),
+        ("num_partitions", ctypes.c_int),
+    ]
+
+
+REDUCE_HOOK = ctypes.CFUNCTYPE(c_status, ctypes.POINTER(HookArgs), ctypes.c_void_p)
+
 _bound = False
 
 
@@ -118,6 +135,7 @@ def _bind():
         "comm_engine_end": [c_engine],
         "comm_engine_wait": [c_engine, i],
         "comm_engine_set_priority": [c_engine, i, i],
+        "comm_engine_set_reduce_hook": [c_engine, REDUCE_HOOK, p],
         "comm_engine_stats": [c_engine, ctypes.POINTER(EngineStats)],
         "comm_engine_unused": [c_engine, ctypes.POINTER(i), i, ctypes.POINTER(i)],
         "comm_engine_destroy": [c_engine],
@@ -168,6 +186,8 @@ class Engine:
         self.num_params = 0
         self._held = {}  # arrays handed to grad_ready in this step, alive until end() / next begin()
         self.overlap_forward = bool(overlap_forward)
+        self._c_hook = None
+        self._hook_error = None  # what the reduce hook raised, re-raised by end()
 
     def _live(self):
         if self._handle is None:
@@ -190,11 +210,32 @@ class Engine:
         check(lib.comm_engine_set_priority(self._live(), int(index), int(priority)),
               f"comm_engine_set_priority (rank {self.rank}, gradient {index})")
 
+    def set_reduce_hook(self, hook):
+        """Before finalize: hook(args) reduces each partition of a synced step in place of the
+        engine's all-reduce (comm.h, comm_engine_set_reduce_hook). It runs on the engine's thread
+        (holding the GIL while it runs), with args a HookArgs (buffer address, count, dtype code,
+        partition, bucket, params, wire_order, num_partitions). An exception it raises fails the
+        step: end() raises it (after the engine broke, as a failed all-reduce breaks it)."""
+        if hook is None:
+            c_hook = None
+        else:
+            def c_hook_fn(args, _user):
+                try:
+                    hook(args.contents)
+                    return 0
+                except BaseException as e:  # noqa: BLE001 - must not unwind into C
+                    self._hook_error = e
+                    return errors.INTERNAL
+            c_hook = REDUCE_HOOK(c_hook_fn)
+        check(lib.comm_engine_set_reduce_hook(self._live(), c_hook, None),
+              f"comm_engine_set_reduce_hook (rank {self.rank})")
+        self._c_hook = c_hook  # the engine calls it until destroy: keep it alive
+
     def finalize(self):
         check(lib.comm_engine_finalize(self._live()), f"comm_engine_finalize (rank {self.rank})")
 
     def begin(self, sync=True):
-        check(lib.comm_engine_begin(self._live(), 1 if sync else 0),
+        self._check(lib.comm_engine_begin(self._live(), 1 if sync else 0),
               f"comm_engine_begin (rank {self.rank})")
         self._held = {}  # overlap_forward: the last step's partitions are done now
 
@@ -209,7 +250,7 @@ class Engine:
             self._held[index] = grad
         status = lib.comm_engine_grad_ready(self._live(), int(index), ptr)
         if status:  # the message is only built on failure: this runs once per gradient
-            check(status, f"comm_engine_grad_ready (rank {self.rank}, gradient {index})")
+            self._check(status, f"comm_engine_grad_ready (rank {self.rank}, gradient {index})")
 
     def grad_view(self, index):
         """With gradient_as_bucket_view: the address of gradient `index` in the bucket storage
@@ -219,9 +260,16 @@ class Engine:
               f"comm_engine_grad_view (rank {self.rank}, gradient {index})")
         return ptr.value or 0
 
+    def _check(self, status, what):
+        """check(), but the reduce hook's own exception first when it broke the engine."""
+        if status and self._hook_error is not None:
+            error, self._hook_error = self._hook_error, None
+            raise error
+        check(status, what)
+
     def end(self):
         try:
-            check(lib.comm_engine_end(self._live()), f"comm_engine_end (rank {self.rank})")
+            self._check(lib.comm_engine_end(self._live()), f"comm_engine_end (rank {self.rank})")
         finally:
             if not self.overlap_forward:  # else the comm thread still writes into them
                 self._held = {}
@@ -230,7 +278,7 @@ class Engine:
         """Until gradient `index` holds this step's reduced value (overlap_forward)."""
         status = lib.comm_engine_wait(self._live(), int(index))
         if status:
-            check(status, f"comm_engine_wait (rank {self.rank}, gradient {index})")
+            self._check(status, f"comm_engine_wait (rank {self.rank}, gradient {index})")
 
     def stats(self):
         """The last synced step's numbers as a dict (times in microseconds from its begin)."""

@@ -14,6 +14,8 @@ What it does, as torch's own DDP does it:
   `loss.backward()` returns with averaged gradients and optimizer.step() (and gradient
   clipping before it) sees them.
 - no_sync(): backward accumulates locally; the next synced backward reduces the sum.
+- register_comm_hook(state, hook): torch's comm hooks, per partition (libcomm/comm_hooks.py).
+- join(): uneven inputs, as torch's Join context manager does for its DDP (see join()).
 - gradient_as_bucket_view: each p.grad is a view of the engine's bucket storage (no copy in or
   out); a gradient the framework replaced (zero_grad(set_to_none=True)) is copied back in.
 - find_unused_parameters: parameters without a gradient in this backward are reported with
@@ -81,23 +83,24 @@ class DistributedDataParallel(torch.nn.Module):
                                  " is not a dense contiguous CPU tensor; only those are supported")
         self._broadcast_state()
 
-        self.engine = engine_factory(
-            self._user_comm, bucket_cap_bytes=int(bucket_cap_mb * (1 << 20)),
+        self._engine_args = dict(
+            bucket_cap_bytes=int(bucket_cap_mb * (1 << 20)),
             first_bucket_bytes=None if first_bucket_mb is None else int(first_bucket_mb * (1 << 20)),
             gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph,
             find_unused_parameters=find_unused_parameters, wire_dtype=wire_dtype,
             trace_file=trace_file, **({"overlap_forward": True} if overlap_forward else {}),
             **({} if partition_mb is None else {"partition_bytes": int(partition_mb * (1 << 20))}))
+        self._engine_factory = engine_factory
         self.overlap_forward = bool(overlap_forward)
         self._overlapped = None               # the _OverlappedOptimizer, once made
         self._in_flight = False               # overlap_forward: this step's gradients still arriving
-        for p in self._params:
-            self.engine.register(p.numel(), p.dtype)
-        self.engine.finalize()
+        self._comm_hook = None                # (state, hook) of register_comm_hook
+        self._hook_comm = None                # the hooks' own communicator
+        self._stepped = False                 # a backward ran: too late for register_comm_hook
+        self._joining = False                 # inside join(): each training forward says "active"
         self._layout = None
         self._views = [None] * len(self._params)
-        if gradient_as_bucket_view:
-            self._install_views()
+        self.engine = self._make_engine()
 
         n = len(self._params)
         self._ready = np.zeros(n, np.int32)   # this backward: hook fired for parameter i
@@ -111,18 +114,30 @@ class DistributedDataParallel(torch.nn.Module):
             acc.register_hook(self._make_hook(i))
             self._accumulators.append(acc)
 
+    def _make_engine(self, reduce_hook=None):
+        engine = self._engine_factory(self._user_comm, **self._engine_args)
+        for p in self._params:
+            engine.register(p.numel(), p.dtype)
+        if reduce_hook is not None:
+            engine.set_reduce_hook(reduce_hook)
+        engine.finalize()
+        self.engine = engine
+        if self.gradient_as_bucket_view:
+            self._install_views()
+        return engine
+
     # ---- state shared at wrap time and each forward ----
     def _broadcast_state(self):
         with torch.no_grad():
             for t in list(self._params) + list(self.module.buffers()):
                 self._broadcast_tensor(t)
 
-    def _broadcast_tensor(self, t):
+    def _broadcast_tensor(self, t, root=0):
         if t.is_contiguous():
-            self._comm.broadcast(t.data, root=0)
+            self._comm.broadcast(t.data, root=root)
         else:
             tmp = t.data.contiguous()
-            self._comm.broadcast(tmp, root=0)
+            self._comm.broadcast(tmp, root=root)
             t.data.copy_(tmp)
 
     # ---- gradient views ----
@@ -153,10 +168,15 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if torch.is_grad_enabled():
             self._pending_sync = self.require_backward_grad_sync
+            root = 0
+            if self._joining:
+                # The counterpart of the joined ranks' in _shadow_until_all_joined: buffers come
+                # from the highest active rank (rank 0 may have joined with stale ones), as torch's.
+                root = self._join_round(True)[0]
             if self.broadcast_buffers:
                 with torch.no_grad():
                     for b in self.module.buffers():
-                        self._broadcast_tensor(b)
+                        self._broadcast_tensor(b, root=root)
         return self.module(*inputs, **kwargs)
 
     def _make_hook(self, i):
@@ -189,6 +209,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._step_sync = sync
         self._ready[:] = 0
         self.engine.begin(sync)
+        self._stepped = True
         self._in_backward = True
         _execution_engine.queue_callback(self._end_backward)
 
@@ -256,6 +277,129 @@ class DistributedDataParallel(torch.nn.Module):
     def stats(self):
         return self.engine.stats()
 
+    def join(self, enable=True):
+        """Uneven inputs, as torch's `with Join([model]):` for its DDP:
+
+            with model.join():
+                for x in my_batches:        # some ranks have fewer
+                    model(x).sum().backward(); opt.step()
+
+        Inside, each training forward (grad enabled) first all-reduces "still active, synced or
+        not"; a rank that leaves the block (out of batches) shadows the others' steps until every
+        rank has left: it takes part in their buffer broadcasts and their gradient reduction with
+        zeros, so the active ranks' gradients are the sum over the active ranks divided by the
+        world size (torch's default, divide_by_initial_world_size=True). At the end every rank
+        takes the model of the last rank to join, as torch's DDP does. Each rank must run
+        forward and backward (synced) as a pair inside; the joined rank's gradients are not
+        meaningful afterwards (with bucket views they hold the last shadow step's values). Not
+        with overlap_forward."""
+        ddp = self
+
+        class _Join:
+            def __enter__(self):
+                if enable:
+                    if ddp.overlap_forward:
+                        raise ValueError("libcomm DDP: join() does not work with overlap_forward=True")
+                    ddp._joining = True
+                return ddp
+
+            def __exit__(self, exc_type, *exc):
+                if not enable:
+                    return False
+                try:
+                    if exc_type is None:
+                        ddp._shadow_until_all_joined()
+                finally:
+                    ddp._joining = False
+                return False
+        return _Join()
+
+    def _join_round(self, active):
+        """One join() round: (highest active rank or -1, whether the active ranks sync)."""
+        flags = np.array([self._comm.rank + 1, int(self._pending_sync)] if active else [0, 0], np.int32)
+        self._comm.allreduce(flags, op="max")
+        return int(flags[0]) - 1, bool(flags[1])
+
+    def _shadow_until_all_joined(self):
+        """The joined rank's side of join(): one round per step of the others, then their step."""
+        zeros = None
+        shadowed = False
+        while True:
+            root, sync = self._join_round(False)
+            if root < 0:
+                break
+            shadowed = True
+            if self.broadcast_buffers:
+                with torch.no_grad():
+                    for b in self.module.buffers():
+                        self._broadcast_tensor(b, root=root)
+            if not sync:
+                continue  # a no_sync step: nothing to reduce
+            if zeros is None:
+                zeros = [torch.zeros_like(p) for p in self._params]
+            for z in zeros:
+                z.zero_()  # the last shadow step left the reduced values there
+            self.engine.begin(True)
+            for i, z in enumerate(zeros):
+                self.engine.grad_ready(i, z.data_ptr() if z.numel() else None)
+            if self.find_unused_parameters:
+                self._comm.allreduce(np.zeros(len(self._params), np.int32), op="max")  # the used-map
+            self.engine.end()
+            self._stepped = True
+        # As torch's DDP join hook: every rank ends with the model of the highest-ranked of the
+        # last to join (those that never shadowed a step).
+        root = np.array([self._comm.rank if not shadowed else -1], np.int32)
+        self._comm.allreduce(root, op="max")
+        with torch.no_grad():
+            for t in list(self._params) + list(self.module.buffers()):
+                self._broadcast_tensor(t, root=int(root[0]))
+
+    def register_comm_hook(self, state, hook):
+        """torch DDP's comm hook: hook(state, bucket) -> Future[Tensor] reduces each partition
+        instead of the engine's all-reduce (libcomm.comm_hooks: GradBucket, allreduce_hook,
+        fp16_compress_hook, bf16_compress_hook). Every rank registers the same hook, before the
+        first backward, once. The hook runs on the engine's thread; bucket.comm is a communicator
+        of its own (state=None in the shipped hooks), safe for collectives from inside a hook."""
+        from .comm_hooks import GradBucket
+        if self._comm_hook is not None:
+            raise RuntimeError("libcomm DDP: register_comm_hook can only be called once")
+        if self._stepped:
+            raise RuntimeError("libcomm DDP: register_comm_hook must be called before the first backward")
+        if not callable(hook):
+            raise TypeError(f"libcomm DDP: register_comm_hook: the hook {hook!r} is not callable")
+        if not hasattr(self.engine, "set_reduce_hook"):
+            raise NotImplementedError(f"libcomm DDP: the engine {type(self.engine).__name__} has no reduce hooks")
+        # The engine takes its hook before finalize: a new engine replaces the one made at wrap
+        # time (collective, as this call is on every rank). Views' values survive the swap.
+        self._hook_comm = self._user_comm.dup()
+        params, comm = self._params, self._hook_comm
+
+        def reduce(args):
+            bucket = GradBucket(args, params, comm)
+            out = hook(state, bucket)
+            if isinstance(out, torch.futures.Future):
+                out = out.wait()
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"libcomm DDP comm hook {getattr(hook, '__name__', hook)} returned "
+                                f"{type(out).__name__}, not a Future[Tensor] or Tensor")
+            if out.numel() != bucket.buffer().numel():
+                raise ValueError(f"libcomm DDP comm hook returned {out.numel()} elements for a "
+                                 f"partition of {bucket.buffer().numel()}")
+            if out.data_ptr() != bucket.buffer().data_ptr():
+                bucket.set_buffer(out)
+
+        if self.gradient_as_bucket_view:
+            for i, p in enumerate(self._params):
+                if p.grad is not None and self._views[i] is not None and \
+                        p.grad.data_ptr() == self._views[i].data_ptr():
+                    p.grad = p.grad.clone()  # the old bucket storage goes with the old engine
+            self._views = [None] * len(self._params)
+        old = self.engine
+        self.engine = None
+        old.destroy()
+        self._make_engine(reduce)
+        self._comm_hook = (state, hook)
+
     def overlap_optimizer(self, optimizer):
         """The optimizer, deferred per module (overlap_forward=True): see the module docstring."""
         if not self.overlap_forward:
@@ -278,6 +422,8 @@ class DistributedDataParallel(torch.nn.Module):
             self.engine.destroy()
             self.engine = None
             self._comm.destroy()
+            if self._hook_comm is not None:
+                self._hook_comm.destroy()
             if self._owns_comm:
                 self._user_comm.destroy()
 

@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 1 /* 1: comm_get_version_string */
+#define COMM_ABI_VERSION_MINOR 2 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook */
 
 typedef enum {
   COMM_OK = 0,
@@ -309,6 +309,27 @@ COMM_API comm_status_t comm_engine_register(comm_engine_t eng, size_t count, com
 /* Before finalize: the place of parameter `index` in the next forward (lower = needed sooner;
  * default: its index, registration order). Every rank must give the same priorities. */
 COMM_API comm_status_t comm_engine_set_priority(comm_engine_t eng, int index, int priority);
+/* One partition handed to a reduce hook (comm_engine_set_reduce_hook). */
+typedef struct {
+  void* buffer;         /* the partition's elements: reduce them in place (every rank's, combined) */
+  size_t count;         /* elements */
+  comm_dtype_t dtype;   /* the wire dtype (wire_dtype when set, else the gradients') */
+  int partition;        /* its index, 0 .. num_partitions - 1 */
+  int bucket;
+  const int* params;    /* the parameters it holds, whole or in part (fill order) */
+  int num_params;
+  int wire_order;       /* its place in this step's sequence (the same on every rank) */
+  int num_partitions;
+} comm_engine_hook_args_t;
+/* Returns COMM_OK once args->buffer holds the reduced value; another status breaks the engine as a
+ * failed all-reduce does (comm_engine_end returns it). */
+typedef comm_status_t (*comm_engine_reduce_hook_t)(const comm_engine_hook_args_t* args, void* user);
+/* Before finalize: the engine calls fn on its own thread for each partition of a synced step, in
+ * place of its all-reduce (torch DDP's comm hook); the copy back into the gradients is as usual.
+ * The calls come in the same sequence on every rank, so fn may run collectives on a communicator
+ * of its own (not one another thread uses meanwhile, and not the engine's). fn = NULL: the built-in
+ * all-reduce. Host gradients only (COMM_ERR_UNAVAILABLE with a stream). docs/engine.md, "Reduce hooks". */
+COMM_API comm_status_t comm_engine_set_reduce_hook(comm_engine_t eng, comm_engine_reduce_hook_t fn, void* user);
 /* Collective: checks every rank registered the same list (counts, dtypes) and the same options,
  * failing on every rank with the difference named; builds and touches the buckets. */
 COMM_API comm_status_t comm_engine_finalize(comm_engine_t eng);

@@ -40,6 +40,13 @@ COMM_API comm_status_t comm_engine_set_priority(comm_engine_t eng, int index, in
   });
 }
 
+COMM_API comm_status_t comm_engine_set_reduce_hook(comm_engine_t eng, comm_engine_reduce_hook_t fn, void* user) {
+  return comm::guarded("comm_engine_set_reduce_hook", [&]() -> Status {
+    if (eng == nullptr) return null_engine("comm_engine_set_reduce_hook");
+    return eng->impl->set_reduce_hook(fn, user);
+  });
+}
+
 COMM_API comm_status_t comm_engine_wait(comm_engine_t eng, int index) {
   return comm::guarded("comm_engine_wait", [&]() -> Status {
     if (eng == nullptr) return null_engine("comm_engine_wait");

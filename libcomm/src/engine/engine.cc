@@ -109,6 +109,20 @@ Status Engine::set_priority(int index, int priority) {
   return Status::Ok();
 }
 
+Status Engine::set_reduce_hook(comm_engine_reduce_hook_t fn, void* user) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  const char* fn_name = "comm_engine_set_reduce_hook";
+  if (finalized_)
+    return InvalidUsage(where(fn_name) + "the engine is finalized: set the reduce hook before comm_engine_finalize");
+  if (opt_.stream != nullptr)
+    return Unavailable(where(fn_name) + "device gradients (a stream) are reduced on the engine's stream; a reduce hook "
+                                        "works on host gradients only");
+  hook_ = fn;
+  hook_user_ = user;
+  return Status::Ok();
+}
+
 Status Engine::destroy() {
   bool mid_step;
   {

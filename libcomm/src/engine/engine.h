@@ -85,6 +85,7 @@ class Engine {
 
   Status add_param(size_t count, comm_dtype_t dtype, int* index);
   Status set_priority(int index, int priority);
+  Status set_reduce_hook(comm_engine_reduce_hook_t fn, void* user);
   Status finalize();
   Status begin(bool sync);
   Status grad_ready(int index, void* ptr);
@@ -138,6 +139,9 @@ class Engine {
   std::vector<Partition> parts_;
   std::vector<std::vector<int>> param_parts_;  // the partitions each parameter is in
   std::vector<int> priority_;                  // per parameter (comm_engine_set_priority)
+  // comm_engine_set_reduce_hook: set before finalize, read by the comm thread only after it.
+  comm_engine_reduce_hook_t hook_ = nullptr;
+  void* hook_user_ = nullptr;
   std::vector<Bucket> retired_;  // the layout a static-graph rebuild replaced, until the next begin()
   bool finalized_ = false;
   int layout_version_ = 0;

@@ -101,7 +101,19 @@ Status Engine::run_partition(int k) {
   const size_t es = dtype_size(bk.layout.dtype), ws = dtype_size(bk.wire);
   char* base = static_cast<char*>(bk.compressed ? bk.wirebuf.ptr : bk.data.ptr);
   void* buf = base != nullptr ? base + pt.layout.begin * ws : nullptr;
-  comm_status_t s = comm_allreduce(comm_, buf, buf, pt.layout.count, bk.wire, opt_.op, nullptr);
+  comm_status_t s = COMM_OK;
+  if (hook_ != nullptr) {  // the framework's comm hook reduces it instead (comm_engine_set_reduce_hook)
+    const comm_engine_hook_args_t args{buf, pt.layout.count, bk.wire, k, b, pt.layout.params.data(),
+                                       static_cast<int>(pt.layout.params.size()), pt.wire_order,
+                                       static_cast<int>(parts_.size())};
+    s = hook_(&args, hook_user_);
+    if (s != COMM_OK)
+      return Status(s, "rank " + std::to_string(rank_) + ", comm_engine bucket " + std::to_string(b) + " (partition " +
+                           std::to_string(k) + ") of step " + std::to_string(sched_step_) + ": the reduce hook returned " +
+                           comm_status_string(s) + " (comm_engine_set_reduce_hook)");
+  } else {
+    s = comm_allreduce(comm_, buf, buf, pt.layout.count, bk.wire, opt_.op, nullptr);
+  }
   if (s != COMM_OK)
     return Status(s, "rank " + std::to_string(rank_) + ", comm_engine bucket " + std::to_string(b) + " (partition " +
                          std::to_string(k) + ") of step " + std::to_string(sched_step_) + ": " +
