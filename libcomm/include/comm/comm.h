@@ -23,7 +23,8 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 2 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook */
+#define COMM_ABI_VERSION_MINOR 3 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+                                    comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2 */
 
 typedef enum {
   COMM_OK = 0,
