@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The unit tests (ranks as threads: the worker, the engine's thread, the progress paths) under
+# ThreadSanitizer. A script, not a CI step: the build and the run take ~15 min on 2 cores.
+#   ./scripts/tsan.sh                       # build-tsan/, Catch2 spec "~[slow]~[deadline]"
+#   TSAN_TESTS='[engine]' ./scripts/tsan.sh # another spec
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+install_missing
+dir=${TSAN_BUILD_DIR:-build-tsan}
+# werror=false: GCC 12 warns about atomic_thread_fence under -fsanitize=thread.
+build_in "$dir" -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debugoptimized -Dwerror=false
+spec=${TSAN_TESTS-"~[slow]~[deadline]"}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=0:second_deadlock_stack=1:report_signal_unsafe=0}
+export UCX_MEM_EVENTS=no
+status=0
+step "ThreadSanitizer: $dir/tests/unit_tests '$spec'"
+"$dir/tests/unit_tests" "$spec" 2>&1 | tee "$dir/tsan-unit.log" || status=1
+step "ThreadSanitizer: $dir/tests/engine_tests '[engine]~[deadline]'"
+"$dir/tests/engine_tests" '[engine]~[deadline]' 2>&1 | tee "$dir/tsan-engine.log" || status=1
+races=$(grep -c "WARNING: ThreadSanitizer" "$dir/tsan-unit.log" "$dir/tsan-engine.log" | awk -F: '{s += $2} END {print s}')
+step "ThreadSanitizer reports: $races (logs in $dir/tsan-*.log)"
+((races == 0 && status == 0))
