@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The unit tests (ranks as threads: the worker, the engine's thread, the progress paths) under
-# ThreadSanitizer. A script, not a CI step: the build and the run take ~15 min on 2 cores.
-#   ./scripts/tsan.sh                       # build-tsan/, Catch2 spec "~[slow]~[deadline]"
+# ThreadSanitizer. A script, not a CI step: the build and the run take 25+ min on 2 cores.
+#   ./scripts/tsan.sh                       # build-tsan/, Catch2 spec "~[slow]~[deadline]~[shm]"
+# [shm] is left out: its 64 GiB address reservations for the shared arena cannot be mapped inside
+# TSan's memory layout (mmap fails with ENOMEM), which is TSan's limit, not a finding.
 #   TSAN_TESTS='[engine]' ./scripts/tsan.sh # another spec
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -10,7 +12,7 @@ install_missing
 dir=${TSAN_BUILD_DIR:-build-tsan}
 # werror=false: GCC 12 warns about atomic_thread_fence under -fsanitize=thread.
 build_in "$dir" -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debugoptimized -Dwerror=false
-spec=${TSAN_TESTS-"~[slow]~[deadline]"}
+spec=${TSAN_TESTS-"~[slow]~[deadline]~[shm]"}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=0:second_deadlock_stack=1:report_signal_unsafe=0}
 export UCX_MEM_EVENTS=no
 status=0
