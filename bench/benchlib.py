@@ -87,3 +87,14 @@ def write_summary(out_dir, summary):
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"# logs, JSON and summary.json in {out_dir}")
+
+
+def init_gloo_beside(rank, size):
+    """torch.distributed over gloo next to a libcomm job on the same ranks: gloo's store listens on
+    MASTER_PORT + 1 (libcomm's uses MASTER_PORT); inside a netsim host gloo must use eth0."""
+    import torch.distributed as dist
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = "eth0" if os.path.exists("/sys/class/net/eth0") else "lo"
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500")) + 1
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)

@@ -21,7 +21,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import libcomm  # noqa: E402
+from benchlib import init_gloo_beside  # noqa: E402
 from libcomm.torch_ddp import DistributedDataParallel as CommDDP  # noqa: E402
 
 
@@ -48,11 +50,7 @@ def main():
 
     comm = libcomm.Communicator()
     rank, size = comm.rank, comm.size
-    if "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = "eth0" if os.path.exists("/sys/class/net/eth0") else "lo"
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ.get("MASTER_PORT", "29500")) + 1
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)
+    init_gloo_beside(rank, size)
 
     torch.manual_seed(0)
     base = mlp(args.width, args.depth, args.width, 16)

@@ -22,7 +22,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import libcomm  # noqa: E402
+from benchlib import init_gloo_beside  # noqa: E402
 from libcomm.torch_ddp import DistributedDataParallel as CommDDP  # noqa: E402
 
 
@@ -87,11 +89,7 @@ def main():
 
     comm = libcomm.Communicator()
     rank, size = comm.rank, comm.size
-    if "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = "eth0" if os.path.exists("/sys/class/net/eth0") else "lo"
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ.get("MASTER_PORT", "29500")) + 1
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size)
+    init_gloo_beside(rank, size)
 
     tensors = layer_list(args.layers, args.d_model, args.vocab)
     total = sum(n for n, _ in tensors)
