@@ -6,10 +6,8 @@ grads None where torch leaves None), gradient_as_bucket_view and static_graph.
 LIBCOMM_TEST_ENGINES (comma list): "engine" (libcomm's gradient engine) and/or "reference"
 (tests/python/reference_engine.py: one plain all-reduce per gradient)."""
 
-import datetime
 import warnings
 import os
-import socket
 
 import numpy as np
 import torch
@@ -17,6 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import libcomm
+from gloo_group import gloo
 from harness import case, expect_raises, main
 from libcomm.torch_ddp import DistributedDataParallel
 from reference_engine import ReferenceEngine
@@ -51,19 +50,6 @@ class Net(torch.nn.Module):
         return self.out(h)
 
 
-def gloo(comm):
-    """torch.distributed with gloo, at a port rank 0 picks and shares through libcomm."""
-    if dist.is_initialized():
-        return
-    port = np.zeros(1, np.int64)
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port[0] = s.getsockname()[1]
-    comm.broadcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}",
-                            rank=comm.rank, world_size=comm.size,
-                            timeout=datetime.timedelta(seconds=60))  # a failed peer: no 30 min wait
 
 
 def twin_models(comm, branches=False):

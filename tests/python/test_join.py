@@ -5,8 +5,6 @@ even inputs. Every case finishes without a hang; each step's gradients and the f
 (every rank takes the last joiner's) agree with torch's within fp32 tolerance."""
 
 import contextlib
-import datetime
-import socket
 
 import numpy as np
 import torch
@@ -14,6 +12,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
+from gloo_group import gloo
 from harness import case, main
 from libcomm.torch_ddp import DistributedDataParallel
 
@@ -31,17 +30,6 @@ class Net(torch.nn.Module):
         return self.out(torch.relu(self.norm(self.inp(x))))
 
 
-def gloo(comm):
-    if dist.is_initialized():
-        return
-    port = np.zeros(1, np.int64)
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port[0] = s.getsockname()[1]
-    comm.broadcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=comm.rank,
-                            world_size=comm.size, timeout=datetime.timedelta(seconds=60))
 
 
 def run(model, context, batches, accumulate):
