@@ -9,7 +9,6 @@ LIBCOMM_TEST_ENGINES (comma list): "engine" (libcomm's gradient engine) and/or "
 import warnings
 import os
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP

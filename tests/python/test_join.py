@@ -6,7 +6,6 @@ even inputs. Every case finishes without a hang; each step's gradients and the f
 
 import contextlib
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
