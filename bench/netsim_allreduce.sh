@@ -4,7 +4,9 @@
 # goodput of one link (iperf3, ROUNDS times, median), and a busbw plot over sizes.
 #   sudo bench/netsim_allreduce.sh            # BUILD_DIR=build HOSTS=4 RATE=2gbit ROUNDS=3 SIZE=64M
 #   sudo BUSY=2 bench/netsim_allreduce.sh     # the same while BUSY busy loops keep the cores busy (a
-#                                             # trainer computing); iperf3 is measured unloaded
+#                                             # trainer computing); iperf3 of one link is measured
+#                                             # unloaded, an iperf3 ring (bench/iperf_ring.sh) loaded
+# SWEEP=0 leaves out the sweep over sizes and its plot.
 # Results (logs, JSON, summary, plot) go to OUT (default bench/results/netsim-<time>).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,18 +39,34 @@ for ((i = 0; i < BUSY; i++)); do
   (while :; do :; done) &
   busy_pids+=($!)
 done
+# The ceiling under the same load: TCP alone in a ring (each host sends to the next), the traffic
+# of a ring all-reduce, with the busy loops running. Both cores also carry the kernel's TCP,
+# veth, bridge and tbf work, which the busy loops slow down too.
+echo "==> iperf3 ring on $HOSTS hosts under the same load${BUSY:+ ($BUSY busy loops)}, $ROUNDS times"
+ring_goodputs=()
+for ((r = 1; r <= ROUNDS; r++)); do
+  lines=$("$netsim" --hosts "$HOSTS" --rate "$RATE" -- "$ROOT/bench/iperf_ring.sh" 10 2>/dev/null | tee -a "$OUT/iperf3-ring.txt")
+  # A ring moves at the pace of its slowest link.
+  ring_goodputs+=("$(awk '/iperf3 ring/ {v = $(NF - 1); if (min == "" || v < min) min = v} END {print min}' <<<"$lines")")
+  echo "# round $r: slowest link ${ring_goodputs[-1]} GB/s"
+done
+ring_goodput=$(printf '%s\n' "${ring_goodputs[@]}" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')
+echo "# iperf3 ring median (slowest link): $ring_goodput GB/s" | tee -a "$OUT/iperf3-ring.txt"
+
 echo "==> all-reduce $SIZE on $HOSTS hosts: libcomm and Gloo, $ROUNDS alternating rounds${BUSY:+ ($BUSY busy loops)}"
 python3 "$ROOT/bench/compare.py" --build "$BUILD_DIR" --netsim "--hosts $HOSTS --rate $RATE" --peers gloo \
   --rounds "$ROUNDS" --out "$OUT/compare" -- -b "$SIZE" -e "$SIZE" -n 5 -w 2 -c 1 | tee "$OUT/compare.txt"
-python3 - "$OUT/compare/summary.json" "$goodput" <<'PY' | tee -a "$OUT/compare.txt"
+python3 - "$OUT/compare/summary.json" "$goodput" "$ring_goodput" <<'PY' | tee -a "$OUT/compare.txt"
 import json, sys
-summary, goodput = json.load(open(sys.argv[1])), float(sys.argv[2])
+summary, goodput, ring = json.load(open(sys.argv[1])), float(sys.argv[2]), float(sys.argv[3])
 for e in summary["sizes"]:
     lib = e["busbw"]["libcomm"]
     print(f"# {e['size']} B: libcomm {lib:.4f} GB/s = {lib / goodput * 100:.1f}% of iperf3's {goodput:.4f} GB/s; "
+          f"{lib / ring * 100:.1f}% of the iperf3 ring's {ring:.4f} GB/s under the same load; "
           f"{e['ratio']['best gloo']:.3f} x the best Gloo algorithm")
 PY
 
+if [[ ${SWEEP:-1} == 0 ]]; then echo "==> results in $OUT (SWEEP=0: no sweep, no plot)"; exit 0; fi
 echo "==> busbw over sizes (one run each) for the plot"
 sweep=(-b 64K -e "$SIZE" -f 4 -n 5 -w 2 -c 1)
 "$netsim" --hosts "$HOSTS" --rate "$RATE" -- "$BUILD_DIR/bench/comm-bench" "${sweep[@]}" \
