@@ -431,7 +431,20 @@ TEST_CASE("engine: comm_engine_wait for the first layer returns while later part
     if (comm_engine_wait(e, 0) != COMM_OK) return std::string("wait: ") + comm_last_error(nullptr);
     const double t_wait0 = abi::now_ms() - t0;
     if (g[0][0] != 1.5f || g[0][kCount - 1] != 1.5f) err += "gradient 0 not reduced after wait; ";
-    for (int p = 1; p < kParams; ++p) (void)comm_engine_wait(e, p);
+    // comm_engine_test answers without blocking: yes for 0, no for some later one still on the wire.
+    int done0 = 0, pending = 0;
+    if (comm_engine_test(e, 0, &done0) != COMM_OK || done0 != 1) err += "test(0) after wait(0) did not say done; ";
+    for (int p = 1; p < kParams; ++p) {
+      int d = 1;
+      if (comm_engine_test(e, p, &d) != COMM_OK) err += "test failed; ";
+      pending += d == 0;
+    }
+    if (pending == 0) err += "test said every gradient was done right after wait(0); ";
+    for (int p = 1; p < kParams; ++p) {
+      int d = 0;
+      (void)comm_engine_wait(e, p);
+      if (comm_engine_test(e, p, &d) != COMM_OK || d != 1) err += "test after wait(" + std::to_string(p) + ") not done; ";
+    }
     comm_engine_stats_t st;
     st.size = sizeof st;
     (void)comm_engine_stats(e, &st);

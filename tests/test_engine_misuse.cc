@@ -71,6 +71,10 @@ TEST_CASE("engine misuse: local mistakes fail the call with a clear error and ch
     result[static_cast<size_t>(r)] = g0;
     o.push_back(call([&] { return comm_engine_wait(e, 0); }));                            // 13: ok (done)
     o.push_back(call([&] { return comm_engine_wait(e, 7); }));                            // 14: out of range
+    int tested = -1;
+    o.push_back(call([&] { return comm_engine_test(e, 0, &tested); }));                   // test: ok (done)
+    o.push_back(call([&] { return comm_engine_test(e, 7, &tested); }));                   // test: out of range
+    o.push_back(call([&] { return comm_engine_test(e, 0, nullptr); }));                   // test: NULL done
     o.push_back(call([&] { return comm_engine_begin(e, 0); }));                           // 15: no_sync, ok
     o.push_back(call([&] { return comm_engine_grad_ready(e, 1, nullptr); }));             // 16: NULL in no_sync too
     o.push_back(call([&] { return comm_engine_set_priority(e, 0, 3); }));                 // 17: after finalize
@@ -84,10 +88,11 @@ TEST_CASE("engine misuse: local mistakes fail the call with a clear error and ch
                                   COMM_ERR_INVALID_ARGUMENT, COMM_OK,                   COMM_ERR_INVALID_USAGE,
                                   COMM_ERR_INVALID_ARGUMENT, COMM_ERR_INVALID_USAGE,    COMM_OK,
                                   COMM_OK,                   COMM_OK,                   COMM_ERR_INVALID_ARGUMENT,
+                                  COMM_OK,                   COMM_ERR_INVALID_ARGUMENT, COMM_ERR_INVALID_ARGUMENT,
                                   COMM_OK,                   COMM_ERR_INVALID_ARGUMENT, COMM_ERR_INVALID_USAGE,
                                   COMM_OK,                   COMM_OK,                   COMM_OK};
   const char* words[] = {"finalize", "begin", "outside a step", "", "already open", "out of range", "out of range",
-                         "", "twice", "NULL", "gradient_as_bucket_view", "", "", "", "out of range", "", "NULL",
+                         "", "twice", "NULL", "gradient_as_bucket_view", "", "", "", "out of range", "", "out of range", "NULL", "", "NULL",
                          "finalize", "", "", ""};
   constexpr size_t kCalls = sizeof expect / sizeof expect[0];
   for (int r = 0; r < 2; ++r) {

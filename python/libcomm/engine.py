@@ -134,6 +134,7 @@ def _bind():
         "comm_engine_grad_view": [c_engine, i, ctypes.POINTER(p)],
         "comm_engine_end": [c_engine],
         "comm_engine_wait": [c_engine, i],
+        "comm_engine_test": [c_engine, i, ctypes.POINTER(i)],
         "comm_engine_set_priority": [c_engine, i, i],
         "comm_engine_set_reduce_hook": [c_engine, REDUCE_HOOK, p],
         "comm_engine_stats": [c_engine, ctypes.POINTER(EngineStats)],
@@ -279,6 +280,14 @@ class Engine:
         status = lib.comm_engine_wait(self._live(), int(index))
         if status:
             self._check(status, f"comm_engine_wait (rank {self.rank}, gradient {index})")
+
+    def test(self, index):
+        """True when gradient `index` holds this step's reduced value (wait() would not block)."""
+        done = ctypes.c_int(0)
+        status = lib.comm_engine_test(self._live(), int(index), ctypes.byref(done))
+        if status:
+            self._check(status, f"comm_engine_test (rank {self.rank}, gradient {index})")
+        return bool(done.value)
 
     def stats(self):
         """The last synced step's numbers as a dict (times in microseconds from its begin)."""

@@ -455,11 +455,13 @@ class _OverlappedOptimizer:
         self._owed = {}        # id(p) -> p: stepped by the optimizer, update not applied yet
         self._zero_owed = None  # None, or set_to_none of a deferred zero_grad
         self._hooks = []
+        self._groups = []  # each hooked module's parameters, in module order
         seen = set()
         for module in ddp.module.modules():
             mine = [p for p in module.parameters(recurse=False) if id(p) in self._index and id(p) not in seen]
             seen.update(id(p) for p in mine)
             if mine:
+                self._groups.append(mine)
                 self._hooks.append(module.register_forward_pre_hook(self._make_pre_hook(mine)))
         _live_overlapped.add(self)
         _patch_clip_grad_norm()
@@ -469,9 +471,29 @@ class _OverlappedOptimizer:
 
     def _make_pre_hook(self, params):
         def pre_hook(*_unused):
-            if self._owed:
-                self._apply([p for p in params if id(p) in self._owed])
+            if not self._owed:
+                return
+            mine = [p for p in params if id(p) in self._owed]
+            if mine and not self._arrived(mine):
+                self._apply_arrived_meanwhile(mine)
+            self._apply(mine)
         return pre_hook
+
+    def _arrived(self, params):
+        return all(self._ddp.engine.test(self._index[id(p)]) for p in params)
+
+    def _apply_arrived_meanwhile(self, waiting_for):
+        """While this module's gradients are still on the wire, updates the modules (later in the
+        forward) whose gradients have all arrived, so that their updates are off the critical path
+        when the last gradients land. Stops as soon as the awaited ones are in."""
+        waiting = {id(p) for p in waiting_for}
+        for group in self._groups:
+            owed = [p for p in group if id(p) in self._owed and id(p) not in waiting]
+            if not owed or not self._arrived(owed):
+                continue
+            self._apply(owed)
+            if self._arrived(waiting_for):
+                return
 
     def _apply(self, params):
         """Waits for these parameters' gradients, runs the optimizer on them alone, and the

@@ -23,8 +23,9 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 3 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
-                                    comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2 */
+#define COMM_ABI_VERSION_MINOR 4 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+                                    comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2;
+                                    4: comm_engine_test */
 
 typedef enum {
   COMM_OK = 0,
@@ -355,6 +356,10 @@ COMM_API comm_status_t comm_engine_end(comm_engine_t eng);
  * the optimizer has updated it from that gradient). Without: returns at once after end(). A
  * gradient not yet reported in the open step is refused. */
 COMM_API comm_status_t comm_engine_wait(comm_engine_t eng, int index);
+/* comm_engine_wait's question without blocking: *done = 1 when gradient `index` holds this step's
+ * reduced value, else 0 (same refusals as comm_engine_wait). Lets a trainer use the time it would
+ * wait for one gradient on gradients that have already arrived. */
+COMM_API comm_status_t comm_engine_test(comm_engine_t eng, int index, int* done);
 COMM_API comm_status_t comm_engine_stats(comm_engine_t eng, comm_engine_stats_t* stats);
 /* All gradients reduced as zeros in the last synced step: up to capacity indices, ascending;
  * *count is how many there were. */

@@ -54,6 +54,13 @@ COMM_API comm_status_t comm_engine_wait(comm_engine_t eng, int index) {
   });
 }
 
+COMM_API comm_status_t comm_engine_test(comm_engine_t eng, int index, int* done) {
+  return comm::guarded("comm_engine_test", [&]() -> Status {
+    if (eng == nullptr) return null_engine("comm_engine_test");
+    return eng->impl->test(index, done);
+  });
+}
+
 COMM_API comm_status_t comm_engine_finalize(comm_engine_t eng) {
   return comm::guarded("comm_engine_finalize", [&]() -> Status {
     if (eng == nullptr) return null_engine("comm_engine_finalize");

@@ -92,6 +92,7 @@ class Engine {
   Status grad_view(int index, void** ptr);
   Status end();
   Status wait(int index);
+  Status test(int index, int* done);
   void stats(comm_engine_stats_t* out);
   Status unused(int* indices, int capacity, int* count);
   Status destroy();  // graceful: stops the thread, writes the trace, frees the communicator
@@ -99,6 +100,9 @@ class Engine {
   int rank() const { return rank_; }
 
  private:
+  // Under mu_: the shared checks of wait() and test(), and whether parameter p's partitions are done.
+  Status check_reduced(const char* fn, int index, bool* done);
+  bool param_reduced(size_t p) const;
   Engine() = default;
   std::string where(const char* fn) const;  // "rank 2, comm_engine_end (step 7): "
   Status check_agreement();                  // finalize's collective check

@@ -239,9 +239,8 @@ void Engine::complete_step() {
   last_round_us_ = round_us_;
 }
 
-Status Engine::wait(int index) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const char* fn = "comm_engine_wait";
+// The checks wait() and test() share; *done: gradient `index` holds this step's reduced value.
+Status Engine::check_reduced(const char* fn, int index, bool* done) {
   if (!broken_.ok()) return broken_;
   if (!finalized_) return InvalidUsage(where(fn) + "call comm_engine_finalize first");
   if (index < 0 || static_cast<size_t>(index) >= params_.size())
@@ -251,13 +250,35 @@ Status Engine::wait(int index) {
   if (in_step_ && sync_ && state_[p] == ParamState::kWaiting)
     return InvalidUsage(where(fn) + "gradient " + std::to_string(index) +
                         " is not reported yet in this step; report it (comm_engine_grad_ready) before waiting for it");
-  auto done = [&] {
-    if (!comm_active_ || !broken_.ok()) return true;
-    for (int k : param_parts_[p])
-      if (!parts_[static_cast<size_t>(k)].done) return false;
-    return true;
-  };
-  if (done()) return broken_;
+  *done = param_reduced(p);
+  return Status::Ok();
+}
+
+bool Engine::param_reduced(size_t p) const {
+  if (!comm_active_) return true;
+  for (int k : param_parts_[p])
+    if (!parts_[static_cast<size_t>(k)].done) return false;
+  return true;
+}
+
+Status Engine::test(int index, int* done) {
+  const char* fn = "comm_engine_test";
+  if (done == nullptr) return InvalidArgument(where(fn) + "done is NULL; pass an int to receive the answer");
+  std::lock_guard<std::mutex> lock(mu_);
+  bool reduced = false;
+  COMM_RETURN_IF_ERROR(check_reduced(fn, index, &reduced));
+  *done = reduced ? 1 : 0;
+  return Status::Ok();
+}
+
+Status Engine::wait(int index) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const char* fn = "comm_engine_wait";
+  bool reduced = false;
+  COMM_RETURN_IF_ERROR(check_reduced(fn, index, &reduced));
+  if (reduced) return broken_;
+  const auto p = static_cast<size_t>(index);
+  auto done = [&] { return !broken_.ok() || param_reduced(p); };
   const double t0 = now_us();
   while (!cv_.wait_for(lock, std::chrono::milliseconds(20), done)) {
     if (parent_->aborted.load(std::memory_order_acquire)) {
