@@ -1,6 +1,6 @@
 /* One rank of bench/init_scale.sh: times comm_init, a barrier, the first and later 8-byte
  * all-reduces and a 1 MiB all-reduce (results checked), and reports this rank's open file
- * descriptors (after init and at the end) and peak RSS. Every rank prints one
+ * descriptors (before and after init and at the end) and peak RSS. Every rank prints one
  * "INIT_SCALE" line with its numbers; the script aggregates them. */
 #define _POSIX_C_SOURCE 200809L
 #include <comm/comm.h>
@@ -78,6 +78,7 @@ static int fail(comm_t comm, const char* what, comm_status_t st) {
 
 int main(int argc, char** argv) {
   int later = argc > 1 ? atoi(argv[1]) : 10;
+  int fds_pre = open_fds();
   double t0 = now_s();
   comm_config_t cfg = COMM_CONFIG_INIT;
   comm_t comm;
@@ -132,9 +133,9 @@ int main(int argc, char** argv) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   printf("INIT_SCALE rank=%d size=%d init_s=%.4f barrier_s=%.4f first8_s=%.5f later8_s=%.6f big_s=%.4f "
-         "fds_init=%d fds_end=%d rss_kb=%ld store_init=%d store_end=%d\n",
+         "fds_init=%d fds_end=%d rss_kb=%ld store_init=%d store_end=%d fds_pre=%d\n",
          rank, size, t_init, t_barrier, t_first, t_later, t_big, fds_init, fds_end, ru.ru_maxrss, store_init,
-         store_end);
+         store_end, fds_pre);
   fflush(stdout);
   if ((st = comm_barrier(comm, NULL)) != COMM_OK) return fail(comm, "last barrier", st);
   comm_destroy(comm);
