@@ -12,7 +12,8 @@ namespace comm::transport::sock {
 constexpr uint64_t kHelloMagic = 0x4b53434d4d4f4331ull;  // "1COMMCSK"
 constexpr uint64_t kReplyMagic = 0x4b43414d4d4f4331ull;  // "1COMMACK"
 // 2: connections are made on first use, from either side (kYield).
-constexpr uint32_t kProtocolVersion = 2;
+// 3: HEARTBEAT and GOODBYE frames (idle detection).
+constexpr uint32_t kProtocolVersion = 3;
 constexpr uint32_t kMaxSecretBytes = 1024;
 
 struct Hello {
@@ -46,7 +47,10 @@ static_assert(sizeof(Reply) == 16);
 
 // ---- frames: header, then `length` payload bytes.
 constexpr uint32_t kFrameMagic = 0x314d5246u;  // "FRM1"
-enum class FrameKind : uint8_t { kData = 1, kError = 2 };
+// HEARTBEAT: "still alive", sent on connection 0 of an idle peer every COMM_HEARTBEAT_MS;
+// GOODBYE: sent on every connection by comm_destroy, so the close that follows is not a death.
+// Both are a bare header (length 0) between frames.
+enum class FrameKind : uint8_t { kData = 1, kError = 2, kHeartbeat = 3, kGoodbye = 4 };
 constexpr uint32_t kMaxErrorText = 1024;  // an ERROR frame's payload: the sender's message
 
 struct FrameHeader {
