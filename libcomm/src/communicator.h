@@ -75,6 +75,7 @@ struct comm_s {
   uint64_t children = 0;
   std::vector<uint64_t> send_seq, recv_seq;  // per peer, for send/recv matching
   comm::FlightRecorder recorder;  // the last operations, written by the issuing thread
+  std::vector<char> strict_signatures;  // COMM_CHECK_COLLECTIVES: every rank's, sized at first use (strict.cc)
 
   // Failure state: aborted by comm_abort; broken after any error that involved peers.
   std::atomic<bool> aborted{false};

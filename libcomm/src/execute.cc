@@ -6,6 +6,7 @@
 #include "communicator.h"
 #include "dtype.h"
 #include "log.h"
+#include "strict.h"
 #include "watch.h"
 
 namespace comm {
@@ -109,6 +110,8 @@ Status execute(comm_t c, const algo::CollArgs& args) {
   const size_t slot = c->recorder.begin(args.tag);
   const char* algorithm = nullptr;
   Status st = algo::run_collective(ctx, args, overrides, &algorithm);
+  if (st.ok() && c->settings.check_collectives && args.tag.coll != transport::CollKind::kInternal)
+    st = confirm_signature(c, ctx, args);
   c->recorder.set_algorithm(slot, algorithm);
   if (st.ok()) {
     c->recorder.end(slot, st, nullptr);
