@@ -57,7 +57,10 @@ Status confirm_signature(comm_t c, algo::Context& ctx, const algo::CollArgs& arg
   check.count = sizeof(Signature);
   check.dtype = COMM_UINT8;
   check.op = COMM_SUM;
-  check.tag.seq = args.tag.seq;  // ranks whose sequence numbers differ fail at this tag already
+  // A number no call has (the top bit set): shared memory compares a stuck message's tag with
+  // the peer's last one-sided call of the same number, and the call just checked may be one.
+  // Ranks whose sequence numbers differ still fail at this tag.
+  check.tag.seq = args.tag.seq | (uint64_t{1} << 63);
   check.tag.coll = transport::CollKind::kInternal;
   check.tag.dtype = static_cast<uint8_t>(COMM_UINT8);
   check.tag.count = sizeof(Signature);

@@ -194,3 +194,31 @@ TEST_CASE("mismatch: strict mode (COMM_CHECK_COLLECTIVES=1) fails the call itsel
     }
   }
 }
+
+TEST_CASE("mismatch: strict mode (COMM_CHECK_COLLECTIVES=1) passes calls that agree, one-sided shared-memory "
+          "all-reduces between its checks included",
+          "[mismatch][deadline]") {
+  EnvGuard strict("COMM_CHECK_COLLECTIVES", "1");
+  const int n = 4;
+  Ranks ranks = init_ranks(n, "strict-agree", kTimeoutMs);
+  if (!ranks.all_ok()) {
+    destroy_ranks(ranks.comms);
+    FAIL("comm_init failed:\n" << ranks.describe());
+  }
+  auto out = on_ranks(n, [&](int r) {
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    std::vector<float> big(size_t{1} << 18, 1.0f), small(2, 1.0f);
+    for (int i = 0; i < 40; ++i) {
+      Outcome o = timed(c, [&] { return comm_allreduce(c, big.data(), big.data(), big.size(), COMM_FLOAT32, COMM_MAX, nullptr); });
+      if (o.status == COMM_OK)
+        o = timed(c, [&] { return comm_allreduce(c, small.data(), small.data(), 2, COMM_FLOAT32, COMM_MAX, nullptr); });
+      if (o.status != COMM_OK) return o;
+    }
+    return Outcome{};
+  });
+  destroy_ranks(ranks.comms);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << describe(out[static_cast<size_t>(r)]));
+    CHECK(out[static_cast<size_t>(r)].status == COMM_OK);
+  }
+}
