@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace comm::transport::sock {
 
@@ -68,6 +69,14 @@ struct FrameHeader {
   uint64_t length;       // this part's payload bytes
 };
 static_assert(sizeof(FrameHeader) == 56);
+
+// What the receiver checks before a header from the wire indexes or sizes anything (wire.cc).
+// "" when it is usable; else why not, for the log line that goes with closing the connection.
+// Accepted: a known kind; ERROR: text of at most kMaxErrorText bytes; HEARTBEAT and GOODBYE:
+// no payload; DATA: a known collective, and [offset, offset + length) inside total_bytes.
+std::string frame_problem(const FrameHeader& h);
+// The acceptor's checks of a whole Hello before it reads the secret: magic, version, secret length.
+std::string hello_problem(const Hello& h);
 
 // ---- striping: a function of the message size (and the connection count every rank agreed
 // on at the handshake) only, so both sides know which connection carries which bytes and
