@@ -61,6 +61,13 @@ void SocketTransport::beat(Clock::time_point now) {
   }
 }
 
+// A peer beats every heartbeat_ from its watcher, or from a wait whose poll() blocks up to
+// kMaxBlockMs: silence is judged after the timeout, but never before two such gaps.
+int64_t SocketTransport::silence_limit_ms() const {
+  const int64_t gap = static_cast<int64_t>(heartbeat_.count()) + kMaxBlockMs;
+  return std::max<int64_t>(options_.timeout_ms, 2 * gap);
+}
+
 Status SocketTransport::check_idle() {
   COMM_RETURN_IF_ERROR(usable());
   Status st = progress(0);  // failure reports (ERROR frames), heartbeats, GOODBYEs and closes
@@ -82,11 +89,11 @@ Status SocketTransport::check_idle() {
     if (heartbeat_.count() == 0 || c.closed || !c.fd.valid() || c.said_goodbye || c.state == RecvState::kStashed)
       continue;
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]);
-    if (silent.count() >= options_.timeout_ms)
+    if (silent.count() >= silence_limit_ms())
       return fail(Timeout("rank " + std::to_string(p) + " sent nothing, not even a heartbeat (every " +
                           std::to_string(heartbeat_.count()) + " ms, COMM_HEARTBEAT_MS), for " +
                           std::to_string(silent.count()) + " ms (COMM_TIMEOUT_MS " +
-                          std::to_string(options_.timeout_ms) +
+                          std::to_string(options_.timeout_ms) + ", at least two heartbeats and blocked polls" +
                           ") while the communicator was idle: is it stopped (SIGSTOP, a debugger) or hung?"));
   }
   return Status::Ok();
