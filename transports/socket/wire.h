@@ -88,12 +88,13 @@ inline int stripe_parts(uint64_t bytes, int nconns) { return bytes > kStripeThre
 
 // Part k of n goes on connection k. For bytes > kStripeThreshold and n <= kMaxConns every part
 // is non-empty ((n-1) * ceil(bytes/n) < bytes whenever (n-1)^2 < bytes).
+// (ceil without bytes + n - 1, which wraps for sizes near 2^64: fuzz/corpus/socket_wire/stripe-near-2to64.)
 inline void stripe_part(uint64_t bytes, int nparts, int k, uint64_t* offset, uint64_t* length) {
-  uint64_t chunk = (bytes + static_cast<uint64_t>(nparts) - 1) / static_cast<uint64_t>(nparts);
-  uint64_t begin = chunk * static_cast<uint64_t>(k);
-  uint64_t end = begin + chunk < bytes ? begin + chunk : bytes;
+  const uint64_t n = static_cast<uint64_t>(nparts);
+  uint64_t chunk = bytes / n + (bytes % n != 0 ? 1 : 0);
+  uint64_t begin = chunk * static_cast<uint64_t>(k);  // < 2^64 for k < nparts <= kMaxConns
   *offset = begin < bytes ? begin : bytes;
-  *length = end > *offset ? end - *offset : 0;
+  *length = chunk < bytes - *offset ? chunk : bytes - *offset;  // not begin + chunk: it may wrap
 }
 
 }  // namespace comm::transport::sock
