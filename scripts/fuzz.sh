@@ -33,7 +33,7 @@ for t in "${targets[@]}"; do
   cp -n "fuzz/corpus/$(corpus_of "$t")"/* "$work"/
   step "fuzzing $t for $seconds s (corpus $work)"
   if ! "$dir/fuzz/fuzz-$t" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$dir/crash-$t-" \
-      "$work" 2>&1 | tee "$dir/fuzz-$t.log" | grep -E "^(#[0-9]+ +DONE|==[0-9]+==ERROR|SUMMARY|stat::number_of_executed_units|artifact_prefix|Test unit written)"; then
+      "$work" 2>&1 | tee "$dir/fuzz-$t.log" | grep -E "^(#[0-9]+[[:space:]]+DONE|==[0-9]+==ERROR|SUMMARY|stat::number_of_executed_units|artifact_prefix|Test unit written)"; then
     :
   fi
   if grep -qE "ERROR: (libFuzzer|AddressSanitizer|UndefinedBehaviorSanitizer)|fuzz check failed|runtime error" "$dir/fuzz-$t.log"; then
