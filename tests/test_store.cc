@@ -367,44 +367,52 @@ TEST_CASE("tcp store: before its hello a connection may send only a hello: a 32 
   check_round_trip(*client, "after-unannounced-set");
 }
 
-TEST_CASE("tcp store: a connection that does not say hello within hello_timeout_ms is closed; ranks go on",
+// Strangers that never say hello cannot hold rank 0's descriptors: one that waits past the hello
+// deadline is closed, and past max_unauthenticated waiting ones the oldest go. A rank that says
+// hello at once is served during and after, and never closed. One shape, one row per limit.
+TEST_CASE("tcp store: connections that never say hello are closed (the hello deadline, the cap on waiting ones); "
+          "ranks are served",
           "[store]") {
-  TcpStoreOptions o = server_options();
-  o.hello_timeout_ms = 300;
-  std::shared_ptr<Store> server;
-  REQUIRE(make_tcp_store(o, &server).ok());
-  const int port = tcp_store_port(*server);
-  CapturedStderr log;
-  const int idle = raw_connect(port);
-  auto client = connect_client(port);  // says hello at once: served, and not closed later
-  CHECK(closed_by_peer(idle));
-  close(idle);
-  CHECK(log.wait_for("no hello within 300 ms"));
-  std::this_thread::sleep_for(400ms);
-  check_round_trip(*client, "after-idle-stranger");
-}
-
-TEST_CASE("tcp store: at most max_unauthenticated connections wait for their hello; the oldest go, ranks are served",
-          "[store]") {
-  TcpStoreOptions o = server_options();
-  o.max_unauthenticated = 8;
-  std::shared_ptr<Store> server;
-  REQUIRE(make_tcp_store(o, &server).ok());
-  const int port = tcp_store_port(*server);
-  CapturedStderr log;
-  std::vector<int> idle;
-  for (int i = 0; i < 20; ++i) idle.push_back(raw_connect(port));
-  auto client = connect_client(port);  // a rank connecting during the flood
-  check_round_trip(*client, "during-idle-flood");
-  // The 12 oldest strangers (and one more for the client's connection) were closed; the newest stay.
-  for (int i = 0; i < 12; ++i) {
-    INFO("idle connection " << i);
-    CHECK(closed_by_peer(idle[static_cast<size_t>(i)]));
+  struct Case {
+    const char* name;
+    int hello_timeout_ms;     // 0: server_options()'s
+    int max_unauthenticated;  // 0: server_options()'s
+    int strangers;            // connections that never say hello, oldest first
+    int closed;               // the oldest this many must be closed; the newest of the rest stays open
+    const char* logged;
+    std::chrono::milliseconds then;  // waited before the last round trip
+  };
+  const std::vector<Case> cases = {
+      {"hello deadline", 300, 0, 1, 1, "no hello within 300 ms", 400ms},
+      // 12: the 20 - 8 oldest, and one more for the client's own connection.
+      {"cap on waiting connections", 0, 8, 20, 12, "were already waiting to say hello", 0ms},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    TcpStoreOptions o = server_options();
+    if (c.hello_timeout_ms != 0) o.hello_timeout_ms = c.hello_timeout_ms;
+    if (c.max_unauthenticated != 0) o.max_unauthenticated = c.max_unauthenticated;
+    std::shared_ptr<Store> server;
+    REQUIRE(make_tcp_store(o, &server).ok());
+    const int port = tcp_store_port(*server);
+    CapturedStderr log;
+    std::vector<int> idle;
+    for (int i = 0; i < c.strangers; ++i) idle.push_back(raw_connect(port));
+    auto client = connect_client(port);  // says hello at once, while the strangers wait
+    check_round_trip(*client, std::string("during-") + c.name);
+    for (int i = 0; i < c.closed; ++i) {
+      INFO("stranger " << i);
+      CHECK(closed_by_peer(idle[static_cast<size_t>(i)]));
+    }
+    if (c.closed < c.strangers) {
+      pollfd p{idle.back(), POLLIN, 0};
+      CHECK(poll(&p, 1, 200) == 0);  // the newest is still open and silent
+    }
+    for (int fd : idle) close(fd);
+    CHECK(log.wait_for(c.logged));
+    std::this_thread::sleep_for(c.then);
+    check_round_trip(*client, std::string("after-") + c.name);
   }
-  pollfd p{idle.back(), POLLIN, 0};
-  CHECK(poll(&p, 1, 200) == 0);  // the newest is still open and silent
-  for (int fd : idle) close(fd);
-  CHECK(log.wait_for("were already waiting to say hello"));
 }
 
 TEST_CASE("tcp store: an unreachable store ends in a timeout, never a hang", "[store]") {

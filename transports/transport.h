@@ -137,6 +137,9 @@ struct Options {
   // From the tuning profile when the environment leaves them unset; 0: the registry's value.
   int64_t shm_slot_bytes = 0;    // COMM_SHM_SLOT_BYTES
   int64_t socket_nconns = 0;     // COMM_SOCKET_NCONNS
+  // COMM_HEARTBEAT_MS: how often a rank tells its connected peers it is alive (socket frames);
+  // 0: no heartbeats, so no silence verdict (closes and exits are still seen).
+  int heartbeat_ms = 0;
 };
 
 class Transport {
@@ -177,6 +180,13 @@ class Transport {
 
   // Any thread: every pending and future wait ends with COMM_ERR_ABORTED.
   virtual void abort() = 0;
+
+  // Idle detection (libcomm/src/watch.cc): called between calls by the communicator's watcher,
+  // never while another thread drives the transport. Reads what peers sent (their failure
+  // reports), sends heartbeats when due, and fails when a peer is gone: it closed its
+  // connections without saying goodbye (comm_destroy does), its process exited, or it sent
+  // nothing for timeout_ms. The transport then stays failed. Default: nothing to watch.
+  virtual Status check_idle() { return Status::Ok(); }
 
   // One-sided access where the transport can give it (shared memory among local ranks).
   virtual LocalAccess* local() { return nullptr; }

@@ -27,6 +27,15 @@ const std::vector<Param>& all() {
        nullptr},
       {"COMM_TIMEOUT_MS", Type::kInt, "600000",
        "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr},
+      {"COMM_HEARTBEAT_MS", Type::kInt, "1000",
+       "idle detection: how often a communicator with no call running reads its peers' reports and closes, and "
+       "tells its socket peers it lives; a peer silent for COMM_TIMEOUT_MS or gone without comm_destroy breaks it "
+       "(comm_get_async_error); 0: off",
+       nullptr},
+      {"COMM_CHECK_COLLECTIVES", Type::kInt, "0",
+       "strict mode, for debugging: every collective confirms with every rank that all called the same collective, "
+       "dtype, count, op and root before it returns (one small all-reduce more per call); 1: on",
+       nullptr},
       {"COMM_FLIGHT_RECORDER_FILE", Type::kString, "",
        "write each communicator's flight recorder (its last 256 operations, JSON) here when it times out, fails "
        "or is aborted; %h host, %p pid, %r rank; tools/comm-trace merges the ranks' files",

@@ -14,6 +14,7 @@
 #include "communicator.h"
 #include "algorithms/algorithm.h"
 #include "log.h"
+#include "watch.h"
 #include "params.h"
 #include "rendezvous.h"
 #include "connect.h"
@@ -98,6 +99,12 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
     Status known = algo::check_name(s->forced_algo, "COMM_ALGO");
     if (!known.ok()) return InvalidArgument(known.message() + "; set COMM_ALGO to one of these, or unset it");
   }
+  int64_t heartbeat = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_HEARTBEAT_MS", 0, 3600 * 1000, &heartbeat));
+  s->heartbeat_ms = static_cast<int>(heartbeat);
+  int64_t strict = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_CHECK_COLLECTIVES", 0, 1, &strict));
+  s->check_collectives = strict != 0;
   int64_t chunk = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
   s->chunk_bytes = static_cast<size_t>(chunk);
@@ -115,6 +122,10 @@ Fingerprint fingerprint(int world_size, const CommSettings& s) {
       {"transport (COMM_TRANSPORT / comm_config_t.transport)", s.transport},
       {"timeout (COMM_TIMEOUT_MS / comm_config_t.timeout_ms)", std::to_string(s.timeout_ms)},
       {"tuning profile hash (COMM_TUNING_FILE)", s.tuning_hash},
+      // A rank that never beats would look stopped to peers that expect it to.
+      {"heartbeat (COMM_HEARTBEAT_MS)", std::to_string(s.heartbeat_ms)},
+      // Strict mode adds an exchange to every call: all ranks or none.
+      {"strict collective checks (COMM_CHECK_COLLECTIVES)", s.check_collectives ? "1" : "0"},
       {"ABI version", std::to_string(COMM_ABI_VERSION_MAJOR) + "." + std::to_string(COMM_ABI_VERSION_MINOR)},
       {"host transport per peer class (topology plan)", topology::peer_transport_digest()},
   };
@@ -316,6 +327,7 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
               c->settings.timeout_ms, c->settings.forced_algo.empty() ? "auto" : c->settings.forced_algo.c_str(),
               vars.empty() ? " nothing" : vars.c_str());
   }
+  start_watcher(c.get());
   *out = c.release();
   return Status::Ok();
 }
@@ -343,11 +355,13 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
   c->job_store->release_idle();
   COMM_INFO(kInit, "comm %s: rank %d of %d ready (transport %s)", id.c_str(), rank, c->size, c->transport->name());
+  start_watcher(c.get());
   *out = c.release();
   return Status::Ok();
 }
 
 void destroy_communicator(comm_t c) {
+  stop_watcher(c);  // first: it must not look at a transport that goes away
   {
     std::lock_guard<std::mutex> lock(c->queue_mu);
     c->worker_stop = true;

@@ -41,6 +41,8 @@ struct CommSettings {
   size_t chunk_bytes = 512 * 1024;
   std::string tuning_hash = "none";
   std::shared_ptr<const tuning::Profile> profile;  // COMM_TUNING_FILE, parsed; null when unset
+  int heartbeat_ms = 1000;         // COMM_HEARTBEAT_MS: idle detection's period (watch.h); 0: off
+  bool check_collectives = false;  // COMM_CHECK_COLLECTIVES: every call confirms its signature (strict.cc)
 };
 
 }  // namespace comm
@@ -73,6 +75,7 @@ struct comm_s {
   uint64_t children = 0;
   std::vector<uint64_t> send_seq, recv_seq;  // per peer, for send/recv matching
   comm::FlightRecorder recorder;  // the last operations, written by the issuing thread
+  std::vector<char> strict_signatures;  // COMM_CHECK_COLLECTIVES: every rank's, sized at first use (strict.cc)
 
   // Failure state: aborted by comm_abort; broken after any error that involved peers.
   std::atomic<bool> aborted{false};
@@ -105,6 +108,15 @@ struct comm_s {
   bool worker_stop = false;
   std::thread worker;
   std::vector<comm_request_s*> free_requests;  // recycled, so steady state allocates nothing
+
+  // Idle detection (watch.h): threads that drive the transport count themselves in `drivers`
+  // (a Driving guard); the watcher uses the transport only while none does, flagged `watching`.
+  std::atomic<int> drivers{0};
+  std::atomic<bool> watching{false};
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool watch_stop = false;
+  std::thread watcher;
 };
 
 namespace comm {

@@ -175,6 +175,7 @@ Status connect_transport(comm_t c) {
   opt.rank = c->rank;
   opt.size = c->size;
   opt.timeout_ms = c->settings.timeout_ms;
+  opt.heartbeat_ms = c->settings.heartbeat_ms;
   opt.secret = c->secret;
   opt.store = transport_store(c, fallback);
   opt.comm_label = "comm " + c->id;

@@ -6,6 +6,8 @@
 #include "communicator.h"
 #include "dtype.h"
 #include "log.h"
+#include "strict.h"
+#include "watch.h"
 
 namespace comm {
 
@@ -92,6 +94,7 @@ void note_first_use(comm_t c, const tuning::CallTuning& t, uint64_t bytes) {
 }  // namespace
 
 Status execute(comm_t c, const algo::CollArgs& args) {
+  Driving driving(c);  // first: a failure the watcher found meanwhile is seen by check_usable
   COMM_RETURN_IF_ERROR(check_usable(c));
   algo::Context ctx{*c->transport, c->rank, c->size, c->scratch, c->settings.chunk_bytes};
   algo::Overrides overrides;
@@ -107,6 +110,8 @@ Status execute(comm_t c, const algo::CollArgs& args) {
   const size_t slot = c->recorder.begin(args.tag);
   const char* algorithm = nullptr;
   Status st = algo::run_collective(ctx, args, overrides, &algorithm);
+  if (st.ok() && c->settings.check_collectives && args.tag.coll != transport::CollKind::kInternal)
+    st = confirm_signature(c, ctx, args);
   c->recorder.set_algorithm(slot, algorithm);
   if (st.ok()) {
     c->recorder.end(slot, st, nullptr);
@@ -117,6 +122,7 @@ Status execute(comm_t c, const algo::CollArgs& args) {
 }
 
 Status execute_p2p_batch(comm_t c, const std::vector<algo::CollArgs>& calls) {
+  Driving driving(c);
   COMM_RETURN_IF_ERROR(check_usable(c));
   if (calls.empty()) return Status::Ok();
   std::vector<transport::RequestId> ids;
@@ -194,6 +200,7 @@ struct InFlight {
 };
 
 void post_p2p(comm_t c, comm_request_s* req, std::vector<InFlight>* inflight) {
+  Driving driving(c);
   const algo::CollArgs& a = req->args;
   Status st = check_usable(c);
   size_t bytes = a.count * dtype_size(a.dtype);
@@ -208,6 +215,7 @@ void post_p2p(comm_t c, comm_request_s* req, std::vector<InFlight>* inflight) {
 
 // Completes whatever has finished; on a failure, every request in flight fails with it.
 void collect(comm_t c, std::vector<InFlight>* inflight, Status st) {
+  Driving driving(c);
   for (size_t i = 0; i < inflight->size() && st.ok();) {
     bool done = false;
     st = c->transport->test((*inflight)[i].id, &done);
@@ -257,7 +265,11 @@ void worker_loop(comm_t c) {
     lock.unlock();
     ids.clear();
     for (const auto& f : inflight) ids.push_back(f.id);
-    Status st = c->transport->wait_some(ids.data(), ids.size());
+    Status st;
+    {
+      Driving driving(c);
+      st = c->transport->wait_some(ids.data(), ids.size());
+    }
     lock.lock();
     c->worker_in_transport = false;
     lock.unlock();

@@ -4,7 +4,7 @@
 //   HASH <label> <fnv1a>      a result that must be bitwise identical on every rank
 //   FAIL <text>               a wrong result                      DONE <failures>
 //   READY / ITER <i> / END <status> <monotonic ms> <call ms> / DESTROY <status> <ms>
-// Modes: init | collectives | kill | garbage | shm | stall.
+// Modes: init | collectives | kill | garbage | shm | stall | idle.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -269,6 +269,49 @@ int mode_kill() {
   return 0;
 }
 
+// Idle detection: a few calls connect the ranks (8 B and 1 MiB all-reduces), then rank
+// IDLE_VICTIM waits to be killed or stopped by the harness while the others call nothing and
+// poll comm_get_async_error every 10 ms for IDLE_WAIT_MS; then each tries one more call.
+//   READY <monotonic ms> / ASYNC <status> <monotonic ms> / NEXT <status> <call ms> / MSG <text>
+int mode_idle() {
+  int rank = -1, n = -1;
+  comm_t c = init_or_report(&rank, &n);
+  if (!c) return 2;
+  const char* v_env = std::getenv("IDLE_VICTIM");
+  const char* w_env = std::getenv("IDLE_WAIT_MS");
+  const int victim = v_env ? std::atoi(v_env) : n - 1;
+  const double wait_ms = w_env ? std::atof(w_env) : 20000;
+  std::vector<float> small(2, 1.0f), big(256 * 1024, 1.0f);
+  comm_status_t st = comm_allreduce(c, small.data(), small.data(), small.size(), COMM_FLOAT32, COMM_SUM, nullptr);
+  if (st == COMM_OK) st = comm_allreduce(c, big.data(), big.data(), big.size(), COMM_FLOAT32, COMM_SUM, nullptr);
+  if (st == COMM_OK) st = comm_barrier(c, nullptr);
+  if (st != COMM_OK) {
+    say("MSG " + one_line(comm_last_error(c)));
+    return 3;
+  }
+  say("READY " + std::to_string(static_cast<long long>(mono_ms())));
+  if (rank == victim) {
+    for (;;) pause();  // until the harness's SIGKILL (or SIGSTOP, then SIGKILL)
+  }
+  const double t0 = mono_ms();
+  comm_status_t async = COMM_OK;
+  while (async == COMM_OK && mono_ms() - t0 < wait_ms) {
+    usleep(10 * 1000);
+    async = comm_get_async_error(c);
+  }
+  say("ASYNC " + std::to_string(async) + " " + std::to_string(static_cast<long long>(mono_ms())));
+  if (std::getenv("IDLE_NO_NEXT") != nullptr) {  // leave at once, as a rank that finished first
+    comm_destroy(c);
+    return 0;
+  }
+  const double t1 = mono_ms();
+  st = comm_allreduce(c, small.data(), small.data(), small.size(), COMM_FLOAT32, COMM_SUM, nullptr);
+  say("NEXT " + std::to_string(st) + " " + std::to_string(static_cast<long>(mono_ms() - t1)));
+  if (st != COMM_OK) say("MSG " + one_line(comm_last_error(c)));
+  comm_destroy(c);
+  return 0;
+}
+
 // A chain of waits on 4 ranks whose first timeout is not the stopped rank's neighbour:
 // after a barrier, rank v (STALL_VICTIM, default 3) stops itself (SIGSTOP); a = v+1 receives
 // from v a second late, b = v+2 receives from a at once, d = v+3 receives from b half a second
@@ -393,6 +436,7 @@ int main(int argc, char** argv) {
   if (mode == "garbage") return mode_garbage();
   if (mode == "shm") return mode_shm();
   if (mode == "stall") return mode_stall();
-  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm|stall (with torchrun's environment)\n");
+  if (mode == "idle") return mode_idle();
+  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm|stall|idle (with torchrun's environment)\n");
   return 64;
 }

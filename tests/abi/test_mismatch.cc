@@ -7,6 +7,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include "../env_guard.h"
 #include "harness.h"
 #include "probe.h"
 
@@ -109,4 +112,113 @@ TEST_CASE("mismatch: a small count on one rank, a large one on the other (differ
     return comm_allreduce(c, s, d, r == 1 ? kBig : 100, COMM_FLOAT32, COMM_SUM, nullptr);
   });
   check_mismatch(out, {{"100"}, {std::to_string(kBig)}});
+}
+
+namespace {
+
+// Two ranks over sockets (where a send completes once its bytes are written): rank 0 and rank 1
+// each run their own call, then rank 0 polls comm_get_async_error for up to the timeout, then
+// both try an allreduce they agree on.
+struct OnlySends {
+  Outcome first;
+  comm_status_t async = COMM_OK;
+  Outcome after;
+};
+
+std::vector<OnlySends> run_only_sends(const std::string& what, const Call& call) {
+  Ranks ranks = init_ranks(2, what, kTimeoutMs, [](int, comm_config_t& cfg) { cfg.transport = "socket"; });
+  if (!ranks.all_ok()) {
+    destroy_ranks(ranks.comms);
+    FAIL("comm_init failed:\n" << ranks.describe());
+  }
+  auto out = on_ranks(2, [&](int r) {
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    std::vector<float> send(128, 1.0f), recv(128, 0.0f);
+    OnlySends o;
+    o.first = timed(c, [&] { return call(c, r, send.data(), recv.data()); });
+    const double t0 = now_ms();
+    while (r == 0 && (o.async = comm_get_async_error(c)) == COMM_OK && now_ms() - t0 < kTimeoutMs) usleep(10000);
+    o.after = timed(c, [&] { return comm_allreduce(c, send.data(), recv.data(), 4, COMM_FLOAT32, COMM_SUM, nullptr); });
+    return o;
+  });
+  destroy_ranks(ranks.comms);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("mismatch: a broadcast root that completed its call locally learns of the disagreement from "
+          "comm_get_async_error, and its next call fails with it",
+          "[mismatch][deadline]") {
+  auto out = run_only_sends("root-completes", [](comm_t c, int r, void* s, void* d) {
+    return comm_broadcast(c, s, d, r == 0 ? 100 : 101, COMM_FLOAT32, 0, nullptr);
+  });
+  INFO("rank 0: " << describe(out[0].first) << "; async " << out[0].async << "; then " << describe(out[0].after));
+  INFO("rank 1: " << describe(out[1].first) << "; then " << describe(out[1].after));
+  CHECK(out[1].first.status == COMM_ERR_INVALID_USAGE);
+  CHECK(out[0].first.status == COMM_OK);  // the root only sends: its bytes left, nothing came back
+  CHECK(out[0].async == COMM_ERR_INVALID_USAGE);
+  CHECK(out[0].after.status == COMM_ERR_INVALID_USAGE);
+  CHECK(out[0].after.ms < kTimeoutMs);
+  CHECK(out[0].after.message.find("100") != std::string::npos);
+  CHECK(out[0].after.message.find("101") != std::string::npos);
+}
+
+TEST_CASE("mismatch: strict mode (COMM_CHECK_COLLECTIVES=1) fails the call itself on every rank, also where a rank "
+          "only sends, naming what each rank called",
+          "[mismatch][deadline]") {
+  EnvGuard strict("COMM_CHECK_COLLECTIVES", "1");
+  SECTION("broadcast counts differ: the root hears it in its own call") {
+    auto out = run_only_sends("strict-bcast", [](comm_t c, int r, void* s, void* d) {
+      return comm_broadcast(c, s, d, r == 0 ? 100 : 101, COMM_FLOAT32, 0, nullptr);
+    });
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << describe(out[r].first));
+      CHECK(out[r].first.status == COMM_ERR_INVALID_USAGE);
+      CHECK(out[r].first.ms < kTimeoutMs);
+      CHECK(out[r].first.message.find("100") != std::string::npos);
+      CHECK(out[r].first.message.find("101") != std::string::npos);
+    }
+  }
+  SECTION("a broadcast root and a reduce leaf: both only send, both are told") {
+    auto out = run_only_sends("strict-bcast-reduce", [](comm_t c, int r, void* s, void* d) {
+      return r == 0 ? comm_broadcast(c, s, d, 100, COMM_FLOAT32, 0, nullptr)
+                    : comm_reduce(c, s, d, 100, COMM_FLOAT32, COMM_SUM, 0, nullptr);
+    });
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << describe(out[r].first));
+      CHECK(out[r].first.status == COMM_ERR_INVALID_USAGE);
+      CHECK(out[r].first.ms < kTimeoutMs);
+      CHECK(out[r].first.message.find("broadcast") != std::string::npos);
+      CHECK(out[r].first.message.find("reduce") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("mismatch: strict mode (COMM_CHECK_COLLECTIVES=1) passes calls that agree, one-sided shared-memory "
+          "all-reduces between its checks included",
+          "[mismatch][deadline]") {
+  EnvGuard strict("COMM_CHECK_COLLECTIVES", "1");
+  const int n = 4;
+  Ranks ranks = init_ranks(n, "strict-agree", kTimeoutMs);
+  if (!ranks.all_ok()) {
+    destroy_ranks(ranks.comms);
+    FAIL("comm_init failed:\n" << ranks.describe());
+  }
+  auto out = on_ranks(n, [&](int r) {
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    std::vector<float> big(size_t{1} << 18, 1.0f), small(2, 1.0f);
+    for (int i = 0; i < 40; ++i) {
+      Outcome o = timed(c, [&] { return comm_allreduce(c, big.data(), big.data(), big.size(), COMM_FLOAT32, COMM_MAX, nullptr); });
+      if (o.status == COMM_OK)
+        o = timed(c, [&] { return comm_allreduce(c, small.data(), small.data(), 2, COMM_FLOAT32, COMM_MAX, nullptr); });
+      if (o.status != COMM_OK) return o;
+    }
+    return Outcome{};
+  });
+  destroy_ranks(ranks.comms);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << describe(out[static_cast<size_t>(r)]));
+    CHECK(out[static_cast<size_t>(r)].status == COMM_OK);
+  }
 }

@@ -69,6 +69,12 @@ class RoutedTransport final : public Transport {
     far_->notify_peers(failure);
     (void)fail(failure);
   }
+  Status check_idle() override {
+    COMM_RETURN_IF_ERROR(failed_);
+    Status st = near_->check_idle();
+    if (st.ok()) st = far_->check_idle();
+    return st.ok() ? st : fail(st);
+  }
   void abort() override {
     aborted_.store(true, std::memory_order_release);
     near_->abort();

@@ -20,7 +20,7 @@ constexpr uint64_t kArenaMagic = 0x414e455241434d31ull;    // "1MCARENA"
 // segment, until its owner writes the real magic (last, once the header is complete): a rank
 // killed in between leaves a segment remove_orphans can still attribute.
 constexpr uint64_t kClaimMagic = 0x4d49414c43434d31ull;    // "1MCCLAIM"
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;  // 2: ControlHeader.left
 constexpr size_t kLine = 128;
 constexpr size_t kPage = 4096;
 constexpr size_t kMaxErrorText = 512;
@@ -101,6 +101,9 @@ struct alignas(kPage) ControlHeader {
   std::atomic<uint32_t> error_code;
   uint32_t error_len;
   char error_text[kMaxErrorText];
+  // Set by the owner's comm_destroy: its process may exit now without being taken for a death
+  // by peers that idle (idle detection, ShmTransport::check_idle).
+  std::atomic<uint32_t> left;
 };
 
 // Cache lines after the header, in this order.

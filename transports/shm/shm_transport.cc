@@ -50,7 +50,23 @@ ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const 
 }
 
 ShmTransport::~ShmTransport() {
+  // comm_destroy: peers that idle may see this process exit now without calling it a death.
+  if (my_header_ != nullptr && !aborted_.load(std::memory_order_acquire) && failed_.ok())
+    my_header_->left.store(1, std::memory_order_release);
   if (ring_ != nullptr) domain_->free(ring_);
+}
+
+// Between calls: a failure a local peer reported, or a local peer's process gone without
+// comm_destroy (its pidfd). A stopped local process is not seen here (no heartbeat in memory).
+Status ShmTransport::check_idle() {
+  COMM_RETURN_IF_ERROR(usable());
+  Status st = peer_errors();
+  for (size_t i = 0; i < peers_.size() && st.ok(); ++i) {
+    if (static_cast<int>(i) == me_ || peers_[i].header->left.load(std::memory_order_acquire) != 0) continue;
+    st = check_alive(static_cast<int>(i), "no call (the communicator was idle), without comm_destroy");
+  }
+  if (!st.ok() && failed_.ok()) failed_ = st;
+  return st;
 }
 
 int ShmTransport::local_of(int r) const {

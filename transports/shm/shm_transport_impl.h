@@ -93,6 +93,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   Status wait_some(const RequestId* ids, size_t n) override;
   void wake() override;
   void notify_peers(const Status& failure) override;
+  Status check_idle() override;
   void abort() override;
   LocalAccess* local() override { return this; }
 

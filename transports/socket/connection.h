@@ -66,6 +66,10 @@ struct Connection {
   char error_text[kMaxErrorText];
   size_t text_got = 0;
 
+  FrameHeader beat_hdr{};  // a HEARTBEAT going out (heartbeat.cc)
+  uint8_t beat_left = 0;    // its bytes not written yet (a nearly full socket buffer); 0: none
+  bool said_goodbye = false;  // the peer sent GOODBYE here: its close is comm_destroy, not a death
+
   bool hup_seen = false;     // hung up while stashed: poll would report it forever, so skip it
   bool closed = false;       // nothing more moves on it
   bool close_is_exit = true;  // closed / reset (the peer died), rather than garbage

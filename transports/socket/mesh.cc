@@ -305,14 +305,12 @@ Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
       return Status::Ok();
     }
     if (in.got == sizeof(Hello)) {
-      if (in.hello.version != kProtocolVersion) {
-        reply(in, static_cast<uint32_t>(ReplyCode::kBadVersion), kProtocolVersion);
-        drop(in, "speaks wire protocol version " + std::to_string(in.hello.version) + ", this rank " +
-                     std::to_string(kProtocolVersion));
-        return Status::Ok();
-      }
-      if (in.hello.secret_len > kMaxSecretBytes) {
-        drop(in, "sent garbage (secret length " + std::to_string(in.hello.secret_len) + ")");
+      const std::string problem = hello_problem(in.hello);
+      if (!problem.empty()) {
+        // A peer of another version is told ours, so its message can say which.
+        if (in.hello.version != kProtocolVersion)
+          reply(in, static_cast<uint32_t>(ReplyCode::kBadVersion), kProtocolVersion);
+        drop(in, problem);
         return Status::Ok();
       }
     }

@@ -25,7 +25,7 @@ Status SocketTransport::progress(int timeout_ms) {
     // even from peers this wait does not involve -- except a stashed one, whose next
     // bytes belong to a receive not posted yet.
     if (c.state != RecvState::kStashed) events |= POLLIN;
-    if (!c.sends.empty()) events |= POLLOUT;
+    if (!c.sends.empty() || c.beat_left != 0) events |= POLLOUT;
     if (events == 0 && c.hup_seen) continue;
     pfds_.push_back({c.fd.get(), events, 0});
     pfd_conn_.push_back(i);
@@ -62,7 +62,7 @@ Status SocketTransport::progress(int timeout_ms) {
     short re = pfds_[k].revents;
     if (re == 0) continue;
     Connection& c = conns_[pfd_conn_[k]];
-    if (!c.sends.empty() && (re & (POLLOUT | POLLERR | POLLHUP))) send_progress(c);
+    if ((!c.sends.empty() || c.beat_left != 0) && (re & (POLLOUT | POLLERR | POLLHUP))) send_progress(c);
     if (c.closed) continue;
     if (c.state == RecvState::kStashed) {
       if (re & (POLLERR | POLLHUP)) c.hup_seen = true;
@@ -74,6 +74,7 @@ Status SocketTransport::progress(int timeout_ms) {
 }
 
 void SocketTransport::send_progress(Connection& c) {
+  if (c.beat_left != 0 && !flush_beat(c)) return;  // a heartbeat's rest goes before the next frame
   while (!c.sends.empty() && !c.closed) {
     Part& p = part(c.sends.head);
     Request& r = owner(c.sends.head);
@@ -121,6 +122,7 @@ void SocketTransport::send_progress(Connection& c) {
 bool SocketTransport::handle_recv_result(Connection& c, ssize_t n) {
   if (n > 0) {
     moved_ += static_cast<uint64_t>(n);
+    if (heartbeat_.count() != 0) heard_[static_cast<size_t>(c.peer)] = Clock::now();
     return true;
   }
   if (n == 0) {
@@ -185,20 +187,19 @@ Status SocketTransport::on_header(Connection& c) {
     close_connection(c, "sent a malformed frame (" + what + ") and its connection was closed", false);
     return Status::Ok();
   };
-  if (h.magic != kFrameMagic) return garbage("bad magic " + std::to_string(h.magic));
+  const std::string problem = frame_problem(h);
+  if (!problem.empty()) return garbage(problem);
   if (h.kind == static_cast<uint8_t>(FrameKind::kError)) {
-    if (h.length > kMaxErrorText) return garbage("error text of " + std::to_string(h.length) + " bytes");
     c.text_got = 0;
     if (h.length == 0) return peer_reported(c);
     c.state = RecvState::kErrorText;
     return Status::Ok();
   }
-  if (h.kind != static_cast<uint8_t>(FrameKind::kData)) return garbage("unknown kind " + std::to_string(h.kind));
-  if (h.coll < static_cast<uint8_t>(CollKind::kAllreduce) || h.coll > static_cast<uint8_t>(CollKind::kInternal))
-    return garbage("unknown collective " + std::to_string(h.coll));
-  if (h.offset > h.total_bytes || h.length > h.total_bytes - h.offset)
-    return garbage("part at offset " + std::to_string(h.offset) + " of " + std::to_string(h.length) +
-                   " bytes lies outside its " + std::to_string(h.total_bytes) + "-byte message");
+  if (h.kind == static_cast<uint8_t>(FrameKind::kHeartbeat) || h.kind == static_cast<uint8_t>(FrameKind::kGoodbye)) {
+    if (h.kind == static_cast<uint8_t>(FrameKind::kGoodbye)) c.said_goodbye = true;
+    moved_ -= kHeaderBytes;  // not progress: a peer that only beats still times out a wait on it
+    return Status::Ok();  // a bare header: the next frame follows
+  }
   c.state = RecvState::kStashed;
   c.hup_seen = false;
   if (c.receives.empty()) return Status::Ok();
@@ -305,7 +306,7 @@ void SocketTransport::notify_peers(const Status& failure) {
   std::vector<Out> outs;
   for (auto& c : conns_) {
     if (c.closed || !c.fd.valid()) continue;
-    if (!c.sends.empty() && part(c.sends.head).done > 0) continue;
+    if (mid_frame(c)) continue;
     outs.push_back({c.fd.get(), 0});
   }
   const Clock::time_point deadline = Clock::now() + kNotifyBudget;

@@ -25,6 +25,8 @@ SocketTransport::SocketTransport(Options options, int nconns, std::unique_ptr<Me
   pfd_conn_.reserve(conns_.size() + 1);
   int64_t spin_us = 0;
   if (params::get_int("COMM_SOCKET_SPIN_US", 0, 1000000, &spin_us).ok()) spin_ = std::chrono::microseconds(spin_us);
+  heartbeat_ = std::chrono::milliseconds(options_.heartbeat_ms > 0 ? options_.heartbeat_ms : 0);
+  heard_.assign(static_cast<size_t>(size()), Clock::time_point{});
   for (auto& link : links) install(link);
 }
 
@@ -34,6 +36,7 @@ void SocketTransport::install(MeshLink& link) {
   if (c.closed || c.fd.valid()) return;  // failed meanwhile; or (never) twice
   c.fd = std::move(link.fd);
   c.remote = std::move(link.remote);
+  heard_[static_cast<size_t>(link.peer)] = Clock::now();  // silence is counted from here
   ++moved_;  // a finished handshake is progress
   if (!c.sends.empty()) send_progress(c);
 }
@@ -180,6 +183,7 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
     if (aborted_.load(std::memory_order_acquire)) return usable();
     Clock::time_point now = Clock::now();
     if (clock.expired(now)) return failed(Timeout(timeout_message(ids, n)));
+    if (heartbeat_.count() != 0 && now >= next_beat_) beat(now);  // peers that idle hear this rank lives
     int poll_ms = clock.spinning(now) ? 0 : clock.block_ms(now, kMaxBlockMs);
     uint64_t before = moved_;
     Status st = progress(poll_ms);

@@ -33,6 +33,8 @@ class SocketTransport final : public Transport {
  public:
   // mesh: null for a single rank; links: what eager mode connected at setup.
   SocketTransport(Options options, int nconns, std::unique_ptr<Mesh> mesh, std::vector<MeshLink> links, Fd wake);
+  // Says GOODBYE on every connection, so peers that idle do not take the close for a death.
+  ~SocketTransport() override;
 
   const char* name() const override { return "socket"; }
 
@@ -47,6 +49,7 @@ class SocketTransport final : public Transport {
   Status wait_some(const RequestId* ids, size_t n) override;
   void wake() override;
   void notify_peers(const Status& failure) override;
+  Status check_idle() override;
 
   // Any thread: an atomic flag, and the eventfd wakes a wait blocked in poll().
   void abort() override;
@@ -84,6 +87,11 @@ class SocketTransport final : public Transport {
   Status peer_reported(Connection& c);
   void close_connection(Connection& c, const std::string& reason, bool is_exit);
   Status check_peers(Request& r);
+  // Idle detection (heartbeat.cc): a HEARTBEAT to every connected peer when one is due.
+  void beat(Clock::time_point now);
+  bool flush_beat(Connection& c);  // false: the socket buffer is still full
+  int64_t silence_limit_ms() const;  // a connected peer silent this long is stopped or hung
+  bool mid_frame(Connection& c) { return c.beat_left != 0 || (!c.sends.empty() && part(c.sends.head).done > 0); }
   std::string timeout_message(const RequestId* ids, size_t n);
   std::string me() const { return options_.comm_label + (options_.comm_label.empty() ? "" : " ") + "rank " +
                                   std::to_string(rank()); }
@@ -101,6 +109,9 @@ class SocketTransport final : public Transport {
   std::atomic<bool> woken_{false};  // wake() since the last wait_some
   Status failed_;
   uint64_t moved_ = 0;  // bytes moved on any connection: "no progress" means this stood still
+  std::chrono::milliseconds heartbeat_{0};  // COMM_HEARTBEAT_MS (Options.heartbeat_ms); 0: none
+  Clock::time_point next_beat_{};
+  std::vector<Clock::time_point> heard_;  // per peer: when bytes last came from it
 };
 
 }  // namespace comm::transport::sock

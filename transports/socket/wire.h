@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace comm::transport::sock {
 
@@ -12,7 +13,8 @@ namespace comm::transport::sock {
 constexpr uint64_t kHelloMagic = 0x4b53434d4d4f4331ull;  // "1COMMCSK"
 constexpr uint64_t kReplyMagic = 0x4b43414d4d4f4331ull;  // "1COMMACK"
 // 2: connections are made on first use, from either side (kYield).
-constexpr uint32_t kProtocolVersion = 2;
+// 3: HEARTBEAT and GOODBYE frames (idle detection).
+constexpr uint32_t kProtocolVersion = 3;
 constexpr uint32_t kMaxSecretBytes = 1024;
 
 struct Hello {
@@ -46,7 +48,10 @@ static_assert(sizeof(Reply) == 16);
 
 // ---- frames: header, then `length` payload bytes.
 constexpr uint32_t kFrameMagic = 0x314d5246u;  // "FRM1"
-enum class FrameKind : uint8_t { kData = 1, kError = 2 };
+// HEARTBEAT: "still alive", sent on connection 0 of an idle peer every COMM_HEARTBEAT_MS;
+// GOODBYE: sent on every connection by comm_destroy, so the close that follows is not a death.
+// Both are a bare header (length 0) between frames.
+enum class FrameKind : uint8_t { kData = 1, kError = 2, kHeartbeat = 3, kGoodbye = 4 };
 constexpr uint32_t kMaxErrorText = 1024;  // an ERROR frame's payload: the sender's message
 
 struct FrameHeader {
@@ -65,6 +70,14 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 56);
 
+// What the receiver checks before a header from the wire indexes or sizes anything (wire.cc).
+// "" when it is usable; else why not, for the log line that goes with closing the connection.
+// Accepted: a known kind; ERROR: text of at most kMaxErrorText bytes; HEARTBEAT and GOODBYE:
+// no payload; DATA: a known collective, and [offset, offset + length) inside total_bytes.
+std::string frame_problem(const FrameHeader& h);
+// The acceptor's checks of a whole Hello before it reads the secret: magic, version, secret length.
+std::string hello_problem(const Hello& h);
+
 // ---- striping: a function of the message size (and the connection count every rank agreed
 // on at the handshake) only, so both sides know which connection carries which bytes and
 // each connection stays FIFO.
@@ -75,12 +88,13 @@ inline int stripe_parts(uint64_t bytes, int nconns) { return bytes > kStripeThre
 
 // Part k of n goes on connection k. For bytes > kStripeThreshold and n <= kMaxConns every part
 // is non-empty ((n-1) * ceil(bytes/n) < bytes whenever (n-1)^2 < bytes).
+// (ceil without bytes + n - 1, which wraps for sizes near 2^64: fuzz/corpus/socket_wire/stripe-near-2to64.)
 inline void stripe_part(uint64_t bytes, int nparts, int k, uint64_t* offset, uint64_t* length) {
-  uint64_t chunk = (bytes + static_cast<uint64_t>(nparts) - 1) / static_cast<uint64_t>(nparts);
-  uint64_t begin = chunk * static_cast<uint64_t>(k);
-  uint64_t end = begin + chunk < bytes ? begin + chunk : bytes;
+  const uint64_t n = static_cast<uint64_t>(nparts);
+  uint64_t chunk = bytes / n + (bytes % n != 0 ? 1 : 0);
+  uint64_t begin = chunk * static_cast<uint64_t>(k);  // < 2^64 for k < nparts <= kMaxConns
   *offset = begin < bytes ? begin : bytes;
-  *length = end > *offset ? end - *offset : 0;
+  *length = chunk < bytes - *offset ? chunk : bytes - *offset;  // not begin + chunk: it may wrap
 }
 
 }  // namespace comm::transport::sock

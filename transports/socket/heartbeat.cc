@@ -1,0 +1,102 @@
+// Idle detection on sockets (docs/design.md, "Idle detection"): between calls the
+// communicator's watcher reads what peers sent, beats on connection 0 of every connected
+// peer, and fails when a peer closed a connection without GOODBYE (it died) or sent nothing
+// for the timeout (it is stopped). comm_destroy says GOODBYE, so a peer that finished first
+// is not taken for a dead one.
+#include <sys/socket.h>
+
+#include "socket/socket_transport_impl.h"
+
+namespace comm::transport::sock {
+
+SocketTransport::~SocketTransport() {
+  // A failed rank already told its peers why; an aborted one looks dead to them, as it is.
+  if (aborted_.load(std::memory_order_acquire) || !failed_.ok()) return;
+  for (auto& c : conns_) {
+    if (c.closed || !c.fd.valid() || mid_frame(c)) continue;
+    // Unread bytes at close() make the kernel answer with a reset instead of a FIN: read them
+    // away first, then GOODBYE and FIN, so the peer reads GOODBYE before it sees the close.
+    char sink[4096];
+    for (int i = 0; i < 64 && ::recv(c.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    }
+    FrameHeader h{};
+    h.magic = kFrameMagic;
+    h.kind = static_cast<uint8_t>(FrameKind::kGoodbye);
+    h.coll = static_cast<uint8_t>(CollKind::kInternal);
+    h.root = rank();
+    ssize_t n = ::send(c.fd.get(), &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n;  // best effort: a peer that misses it takes this close for a death
+    ::shutdown(c.fd.get(), SHUT_WR);
+  }
+}
+
+bool SocketTransport::flush_beat(Connection& c) {
+  while (c.beat_left != 0) {
+    const char* from = reinterpret_cast<const char*>(&c.beat_hdr) + (kHeaderBytes - c.beat_left);
+    ssize_t n = ::send(c.fd.get(), from, c.beat_left, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (!would_block(errno)) close_connection(c, "reset its connection (" + errno_string(errno) + ")", true);
+      return false;
+    }
+    c.beat_left = static_cast<uint8_t>(c.beat_left - static_cast<size_t>(n));  // not progress (moved_)
+  }
+  return true;
+}
+
+void SocketTransport::beat(Clock::time_point now) {
+  next_beat_ = now + heartbeat_;
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank()) continue;
+    Connection& c = conn(p, 0);
+    // Only between frames; a frame on its way says as much as a heartbeat.
+    if (c.closed || !c.fd.valid() || !c.sends.empty() || c.beat_left != 0) continue;
+    c.beat_hdr = FrameHeader{};
+    c.beat_hdr.magic = kFrameMagic;
+    c.beat_hdr.kind = static_cast<uint8_t>(FrameKind::kHeartbeat);
+    c.beat_hdr.coll = static_cast<uint8_t>(CollKind::kInternal);
+    c.beat_hdr.root = rank();
+    c.beat_left = static_cast<uint8_t>(kHeaderBytes);
+    flush_beat(c);  // the rest, if any, goes first at the next POLLOUT (progress)
+  }
+}
+
+// A peer beats every heartbeat_ from its watcher, or from a wait whose poll() blocks up to
+// kMaxBlockMs: silence is judged after the timeout, but never before two such gaps.
+int64_t SocketTransport::silence_limit_ms() const {
+  const int64_t gap = static_cast<int64_t>(heartbeat_.count()) + kMaxBlockMs;
+  return std::max<int64_t>(options_.timeout_ms, 2 * gap);
+}
+
+Status SocketTransport::check_idle() {
+  COMM_RETURN_IF_ERROR(usable());
+  Status st = progress(0);  // failure reports (ERROR frames), heartbeats, GOODBYEs and closes
+  if (!st.ok()) return fail(st);
+  const Clock::time_point now = Clock::now();
+  if (heartbeat_.count() != 0 && now >= next_beat_) beat(now);
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank()) continue;
+    for (int k = 0; k < nconns_; ++k) {
+      const Connection& c = conn(p, k);
+      if (!c.closed || c.said_goodbye) continue;
+      return fail(RemoteError("rank " + std::to_string(p) + " " + c.close_reason + " (connection #" +
+                              std::to_string(k) + ") while the communicator was idle, without comm_destroy: did it "
+                              "exit or crash?"));
+    }
+    // Silence: judged on connection 0, where heartbeats travel. A stashed frame hides what
+    // follows it (its receive is not posted yet), so that peer is not judged.
+    const Connection& c = conn(p, 0);
+    if (heartbeat_.count() == 0 || c.closed || !c.fd.valid() || c.said_goodbye || c.state == RecvState::kStashed)
+      continue;
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]);
+    if (silent.count() >= silence_limit_ms())
+      return fail(Timeout("rank " + std::to_string(p) + " sent nothing, not even a heartbeat (every " +
+                          std::to_string(heartbeat_.count()) + " ms, COMM_HEARTBEAT_MS), for " +
+                          std::to_string(silent.count()) + " ms (COMM_TIMEOUT_MS " +
+                          std::to_string(options_.timeout_ms) + ", at least two heartbeats and blocked polls" +
+                          ") while the communicator was idle: is it stopped (SIGSTOP, a debugger) or hung?"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace comm::transport::sock
