@@ -40,9 +40,7 @@ def parse_args(argv=None):
     ap.add_argument("--kill-step", type=int, default=4)
     ap.add_argument("--timeout-ms", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
-    # Sockets by default: over shared memory one survivor was seen finishing the failed step's
-    # gradient all-reduce without the dead rank (reported with issue 15; see docs/python.md).
-    ap.add_argument("--transport", default="socket", help="COMM_TRANSPORT for the ranks")
+    ap.add_argument("--transport", default="auto", help="COMM_TRANSPORT for the ranks (auto: shared memory here)")
     return ap.parse_args(argv)
 
 

@@ -5,8 +5,11 @@ itself at step 5, torchrun restarts the group, training resumes from rank 0's la
 (after step 2), and every step printed after the restart equals the uninterrupted run's, bit
 for bit, on both ranks.
 
-shrink: examples/elastic_shrink.py on 4 ranks; rank 3 dies at step 4; the survivors shrink and
-finish on 3 ranks with identical replicas.
+shrink: examples/elastic_shrink.py on 4 ranks, over shared memory and over sockets; rank 3 dies at
+step 4; the survivors shrink and finish on 3 ranks with identical replicas. Over shared memory it
+failed before the engine fix of the same commit series: one survivor's comm_engine_end returned
+OK with unreduced gradients (its last partition had failed, and end() saw the step idle before the
+failure was recorded), so it went on alone and the others' shrink timed out.
 
 usage: test_elastic.py restart|shrink"""
 
@@ -78,8 +81,13 @@ def restart():
 
 
 def shrink():
+    for transport in ("shm", "socket"):
+        shrink_over(transport)
+
+
+def shrink_over(transport):
     text = run([PY, os.path.join(EXAMPLES, "elastic_shrink.py"), "--nprocs", "4", "--kill-rank", "3",
-                "--kill-step", "4", "--steps", "10"], "shrink example")
+                "--kill-step", "4", "--steps", "10", "--transport", transport, "--timeout-ms", "5000"], f"shrink example over {transport}")
     last = {}
     for line in text.splitlines():
         m = LINE.match(line.strip())
@@ -91,7 +99,8 @@ def shrink():
         params = {rank: p for rank, (_, p) in last[step].items()}  # losses are each rank's own batch's
         assert len(set(params.values())) == 1, f"step {step}: replicas differ {params}"
     assert "shrank to 3 ranks" in text, text
-    print("ok: rank 3 died at step 4; the 3 survivors shrank and trained to step 9 with identical replicas")
+    print(f"ok ({transport}): rank 3 died at step 4; the 3 survivors shrank and trained to step 9 with identical "
+          "replicas")
 
 
 if __name__ == "__main__":
