@@ -24,7 +24,9 @@ namespace comm {
 namespace {
 
 constexpr int kRescuePorts = 8;
-constexpr int kRescuePortBase = 20000, kRescuePortSpan = 30000;  // below Linux's ephemeral range
+// 20000-32767: below Linux's default ephemeral range (32768-60999), where the kernel's own picks
+// for other processes' connections and port-0 listeners would collide with ours.
+constexpr int kRescuePortBase = 20000, kRescuePortSpan = 12768;
 constexpr int kProbeMs = 200;  // per port and try: the lowest survivor may start its store later
 
 std::string list_text(const std::vector<int>& ranks) {
@@ -147,8 +149,8 @@ Status shrink_communicator(comm_t c, const std::vector<int>& excluded_in, comm_t
       COMM_RETURN_IF_ERROR(serve_rescue_store(c, id, token, &base).prefixed(where + "comm_shrink: "));
     } else {
       const bool leader_local = c->host_of[static_cast<size_t>(leader)] == c->host_of[static_cast<size_t>(c->rank)];
-      const std::vector<std::string>& addrs = *c->world_addrs;
-      std::string host = addrs[static_cast<size_t>(c->world_ranks[static_cast<size_t>(leader)])];
+      const size_t leader_world = static_cast<size_t>(c->world_ranks[static_cast<size_t>(leader)]);
+      std::string host = c->world_addrs && leader_world < c->world_addrs->size() ? (*c->world_addrs)[leader_world] : "";
       if (leader_local) host = "127.0.0.1";  // the store listens on every address
       if (host.empty())
         return Unavailable(where + "comm_shrink: world rank 0 (the store's server) is excluded and the address of "
