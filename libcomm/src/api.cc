@@ -136,6 +136,20 @@ COMM_API comm_status_t comm_split(comm_t c, int color, int key, comm_t* out) {
   });
 }
 
+COMM_API comm_status_t comm_shrink(comm_t c, const int* exclude_ranks, int n_exclude, comm_t* out) {
+  return comm::guarded("comm_shrink", [&]() -> Status {
+    if (c == nullptr || out == nullptr) return comm::InvalidArgument("comm_shrink: NULL communicator or output pointer");
+    *out = nullptr;
+    if (n_exclude < 0 || n_exclude >= c->size)
+      return comm::InvalidArgument("comm_shrink: n_exclude " + std::to_string(n_exclude) + " must be in 0.." +
+                                   std::to_string(c->size - 1) + " (at least this rank survives)");
+    if (n_exclude > 0 && exclude_ranks == nullptr)
+      return comm::InvalidArgument("comm_shrink: exclude_ranks is NULL but n_exclude is " + std::to_string(n_exclude));
+    std::vector<int> excluded(exclude_ranks, exclude_ranks + n_exclude);
+    return comm::shrink_communicator(c, excluded, out);
+  });
+}
+
 COMM_API comm_status_t comm_abort(comm_t c) {
   return comm::guarded("comm_abort", [&]() -> Status {
     if (c == nullptr) return comm::InvalidArgument("comm_abort: NULL communicator");

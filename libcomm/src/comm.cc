@@ -45,6 +45,8 @@ std::string host_identity() {
   return std::string(host) + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" + netns;
 }
 
+}  // namespace
+
 Status random_secret(std::string* out) {
   unsigned char bytes[32];
   size_t got = 0;
@@ -64,6 +66,8 @@ Status random_secret(std::string* out) {
   }
   return Status::Ok();
 }
+
+namespace {
 
 Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
   if (cfg.timeout_ms != COMM_UNSET) {
@@ -186,6 +190,32 @@ bool decode_hosts(const std::string& text, int size, std::vector<int>* host_of) 
   return static_cast<int>(host_of->size()) == size;
 }
 
+// Separates a rank's host identity from its address in its init/host entry.
+constexpr char kAddrSep = '\x1d';
+
+// Every rank's address, space-separated ("-" for unknown: no address has a space or a dash alone).
+std::string encode_addrs(const std::vector<std::string>& addrs) {
+  std::string text;
+  for (size_t r = 0; r < addrs.size(); ++r) {
+    if (r > 0) text += ' ';
+    text += addrs[r].empty() ? "-" : addrs[r];
+  }
+  return text;
+}
+
+bool decode_addrs(const std::string& text, int size, std::vector<std::string>* addrs) {
+  addrs->clear();
+  size_t pos = 0;
+  while (pos <= text.size() && static_cast<int>(addrs->size()) < size) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    addrs->push_back(item == "-" ? "" : item);
+    pos = end + 1;
+  }
+  return static_cast<int>(addrs->size()) == size;
+}
+
 // A forced host-local transport with ranks on other hosts: why it cannot
 // be, naming one such rank; "" when it can.
 std::string local_transport_unavailable(const std::string& forced, const std::vector<int>& host_of) {
@@ -204,17 +234,21 @@ std::string local_transport_unavailable(const std::string& forced, const std::ve
 // and every rank's host (numbered in order of each host's first rank), or why init fails, so
 // every rank fails the same way, naming the difference, or none does.
 Status agree(Store& store, int rank, int size, const CommSettings& s, std::string* secret, bool* all_local,
-             std::vector<int>* host_of) {
+             std::vector<int>* host_of, std::vector<std::string>* addrs) {
   Deadline deadline = Deadline::after_ms(s.timeout_ms);
   Fingerprint mine = fingerprint(size, s);
   const std::string my_host = host_identity();
-  COMM_RETURN_IF_ERROR(store.set("init/host/" + std::to_string(rank), my_host));
+  // With the host, the address the store reached this rank by: comm_shrink's survivors meet
+  // at one of them when rank 0, and the store with it, is gone (docs/design.md, "Shrinking").
+  COMM_RETURN_IF_ERROR(store.set("init/host/" + std::to_string(rank), my_host + kAddrSep + store.reach_address()));
   COMM_RETURN_IF_ERROR(store.set("init/fp/" + std::to_string(rank), encode(mine)));
   if (rank == 0) {
     std::string problems;
     *all_local = true;
     std::map<std::string, int> hosts = {{my_host, 0}};
     host_of->assign(static_cast<size_t>(size), 0);
+    addrs->assign(static_cast<size_t>(size), "");
+    (*addrs)[0] = store.reach_address();
     for (int r = 1; r < size; ++r) {
       std::string text, host;
       Status st = store.get("init/fp/" + std::to_string(r), &text, deadline);
@@ -224,6 +258,11 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
                        " ms (is it running, with the same MASTER_ADDR/MASTER_PORT or init_method?)");
       std::string diff = compare(mine, 0, decode(text), r);
       if (!diff.empty()) problems += (problems.empty() ? "" : "; ") + diff;
+      const size_t sep = host.find(kAddrSep);
+      if (sep != std::string::npos) {
+        (*addrs)[static_cast<size_t>(r)] = host.substr(sep + 1);
+        host.resize(sep);
+      }
       *all_local = *all_local && host == my_host;
       auto [it, added] = hosts.emplace(host, static_cast<int>(hosts.size()));
       (*host_of)[static_cast<size_t>(r)] = it->second;
@@ -233,7 +272,8 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
     std::string verdict = !problems.empty()      ? "FAIL\n" + problems
                           : !unavailable.empty() ? "UNAV\n" + unavailable
                                                  : "OK\n" + *secret + (*all_local ? "L" : "R") + "\n" +
-                                                       encode_hosts(*host_of) + "\n" + encode(mine);
+                                                       encode_hosts(*host_of) + "\n" + encode_addrs(*addrs) +
+                                                       "\n" + encode(mine);
     COMM_RETURN_IF_ERROR(store.set("init/verdict", verdict));
     if (!problems.empty() || !unavailable.empty()) {
       // Stay until every rank has read the verdict: our process may hold the store.
@@ -258,7 +298,10 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, std::strin
   size_t nl2 = verdict.find('\n', nl + 1);
   if (nl2 == std::string::npos || !decode_hosts(verdict.substr(nl + 1, nl2 - nl - 1), size, host_of))
     return Internal("malformed host map in the init verdict");
-  std::string diff = compare(mine, rank, decode(verdict.substr(nl2 + 1)), 0);
+  size_t nl3 = verdict.find('\n', nl2 + 1);
+  if (nl3 == std::string::npos || !decode_addrs(verdict.substr(nl2 + 1, nl3 - nl2 - 1), size, addrs))
+    return Internal("malformed address list in the init verdict");
+  std::string diff = compare(mine, rank, decode(verdict.substr(nl3 + 1)), 0);
   if (!diff.empty())
     return InvalidUsage("ranks disagree at init: " + diff + "; start every rank with the same settings");
   return Status::Ok();
@@ -304,8 +347,10 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   const auto nccl = tuning::nccl_settings(c->settings.profile.get(), c->size, &nccl_notes);
   for (const auto& n : nccl_notes) COMM_INFO(kEnv, "rank %d: tuning: %s", c->rank, n.c_str());
   topology::prepare_process(c->job_store.get(), nccl);
+  auto addrs = std::make_shared<std::vector<std::string>>();
   COMM_RETURN_IF_ERROR(
-      agree(*c->job_store, c->rank, c->size, c->settings, &c->secret, &c->all_local, &c->host_of));
+      agree(*c->job_store, c->rank, c->size, c->settings, &c->secret, &c->all_local, &c->host_of, addrs.get()));
+  c->world_addrs = std::move(addrs);
   c->world_ranks.resize(static_cast<size_t>(c->size));
   for (int r = 0; r < c->size; ++r) c->world_ranks[static_cast<size_t>(r)] = r;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
@@ -332,14 +377,16 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   return Status::Ok();
 }
 
-Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out) {
+Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out,
+                    std::shared_ptr<Store> store, const std::string& secret) {
   auto c = std::make_unique<comm_s>();
   c->rank = rank;
   c->size = static_cast<int>(members.size());
   c->id = id;
   c->settings = parent->settings;
-  c->secret = parent->secret;
-  c->job_store = parent->job_store;
+  c->secret = secret.empty() ? parent->secret : secret;
+  c->job_store = store ? std::move(store) : parent->job_store;
+  c->world_addrs = parent->world_addrs;
   c->job_memory = parent->job_memory;
   c->local_transport_usable = parent->local_transport_usable;
   // Hosts renumbered in order of each host's first member, as the world's are.

@@ -62,6 +62,10 @@ struct comm_s {
   std::shared_ptr<comm::transport::JobMemory> job_memory;
   bool local_transport_usable = true;  // agreed at the world's init: the host-local transport works on every host
   std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
+  // Every world rank's address as the store saw it at init ("" unknown): where comm_shrink's
+  // survivors meet when the store died with rank 0 (shrink.cc).
+  std::shared_ptr<const std::vector<std::string>> world_addrs;
+  bool shrunk = false;  // comm_shrink made a communicator from this one: only comm_destroy is left
   std::unique_ptr<comm::transport::Transport> transport;
   // The profile entries for this communicator's rank count and transport (never null after init).
   std::shared_ptr<const comm::tuning::Applied> tuning;
@@ -124,8 +128,15 @@ namespace comm {
 // Creates the world communicator: identity, store, agreement check, transport.
 Status init_communicator(const comm_config_t& cfg, comm_t* out);
 // Children share the job store and secret; every member calls with the same id and the same
-// members (their parent ranks, in the child's rank order).
-Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out);
+// members (their parent ranks, in the child's rank order). comm_shrink passes the store the
+// survivors met in and a new secret.
+Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out,
+                    std::shared_ptr<Store> store = nullptr, const std::string& secret = "");
+// comm_shrink: the survivors of `comm` (every rank not in `excluded`) make *out without touching
+// comm's transport (shrink.cc).
+Status shrink_communicator(comm_t comm, const std::vector<int>& excluded, comm_t* out);
+// 32 random bytes as hex: a job's (or a shrunk communicator's) secret.
+Status random_secret(std::string* out);
 void destroy_communicator(comm_t comm);
 
 // Records a failure that involved peers: the communicator is broken (the first failure sticks),

@@ -89,6 +89,7 @@ _PROTOTYPES = {
     "comm_init": [ctypes.POINTER(CommConfig), ctypes.POINTER(c_comm)],
     "comm_dup": [c_comm, ctypes.POINTER(c_comm)],
     "comm_split": [c_comm, _int, _int, ctypes.POINTER(c_comm)],
+    "comm_shrink": [c_comm, ctypes.POINTER(_int), _int, ctypes.POINTER(c_comm)],
     "comm_abort": [c_comm],
     "comm_destroy": [c_comm],
     "comm_rank": [c_comm, ctypes.POINTER(_int)],

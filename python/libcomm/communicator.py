@@ -143,6 +143,17 @@ class Communicator:
                              ctypes.byref(out)), f"comm_split (rank {self.rank})")
         return Communicator(_handle=out.value) if out.value else None
 
+    def shrink(self, exclude):
+        """ncclCommShrink: the ranks not in `exclude` (every one of them passing the same list)
+        make a new communicator, renumbered densely in their old order. Works on a communicator
+        that failed (a peer died); afterwards this one can only be destroyed."""
+        excluded = [int(r) for r in exclude]
+        arr = (ctypes.c_int * max(1, len(excluded)))(*excluded)
+        out = ctypes.c_void_p()
+        check(lib.comm_shrink(self._live(), arr, len(excluded), ctypes.byref(out)),
+              f"comm_shrink (rank {self.rank})")
+        return Communicator(_handle=out.value)
+
     def abort(self):
         """Local, non-blocking, idempotent, any thread; every pending and later call raises."""
         handle = self._handle

@@ -183,6 +183,8 @@ class DistributedDataParallel(torch.nn.Module):
         p = self._params[i]
 
         def hook(*_unused):
+            if self.engine is None:
+                return  # closed: the module was wrapped again (e.g. on a shrunk communicator)
             if not self._in_backward:
                 self._begin_backward()
             if not self._step_sync:

@@ -4,7 +4,8 @@
 //   HASH <label> <fnv1a>      a result that must be bitwise identical on every rank
 //   FAIL <text>               a wrong result                      DONE <failures>
 //   READY / ITER <i> / END <status> <monotonic ms> <call ms> / DESTROY <status> <ms>
-// Modes: init | collectives | kill | garbage | shm | stall | idle.
+//   SHRINK <status> <ms> <new rank> <new size> / OLD <status> / LEFT   (mode shrink)
+// Modes: init | collectives | kill | garbage | shm | stall | idle | shrink.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -312,6 +313,99 @@ int mode_idle() {
   return 0;
 }
 
+// comm_shrink (issue 15). SHRINK_VICTIM=v: rank v dies by SIGKILL while the others are in an
+// all-reduce waiting for it; the survivors see the error, then shrink. Without a victim the
+// communicator is healthy when they shrink. Every rank excludes SHRINK_EXCLUDE (comma list;
+// default: the victim), or SHRINK_EXCLUDE_<rank> when set (mismatched lists); a rank in its own
+// list leaves (LEFT) unless SHRINK_SELF=1 makes it call comm_shrink anyway (bad input). On the
+// new communicator: checked all-reduces of exact float32 sums, 1 to 1 Mi elements.
+std::vector<int> parse_ranks(const char* text) {
+  std::vector<int> out;
+  if (text == nullptr) return out;
+  std::string s = text;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    if (end > pos) out.push_back(std::atoi(s.substr(pos, end - pos).c_str()));
+    pos = end + 1;
+  }
+  return out;
+}
+
+int mode_shrink() {
+  int rank = -1, n = -1;
+  comm_t c = init_or_report(&rank, &n);
+  if (!c) return 2;
+  const char* v_env = std::getenv("SHRINK_VICTIM");
+  const int victim = v_env ? std::atoi(v_env) : -1;
+  std::vector<int> excluded = victim >= 0 ? std::vector<int>{victim} : std::vector<int>{};
+  if (const char* e = std::getenv("SHRINK_EXCLUDE")) excluded = parse_ranks(e);
+  if (const char* e = std::getenv(("SHRINK_EXCLUDE_" + std::to_string(rank)).c_str())) excluded = parse_ranks(e);
+  const size_t count = 1 << 16;
+  std::vector<float> x(count, 1.0f), y(count, 0.0f);
+  say("READY");
+  comm_status_t st = COMM_OK;
+  if (victim >= 0) {
+    for (int i = 0; i < 100 && st == COMM_OK; ++i) {
+      if (rank == victim && i == 2) {
+        usleep(300 * 1000);  // the others are in all-reduce #3, waiting for this rank
+        raise(SIGKILL);
+      }
+      st = comm_allreduce(c, x.data(), y.data(), count, COMM_FLOAT32, COMM_SUM, nullptr);
+    }
+    say("END " + std::to_string(st) + " " + std::to_string(static_cast<long long>(mono_ms())) + " 0");
+    if (st != COMM_OK) say("MSG " + one_line(comm_last_error(c)));
+  } else {
+    st = comm_allreduce(c, x.data(), y.data(), count, COMM_FLOAT32, COMM_SUM, nullptr);
+    say("END " + std::to_string(st) + " " + std::to_string(static_cast<long long>(mono_ms())) + " 0");
+  }
+  bool in_list = false;
+  for (int r : excluded) in_list = in_list || r == rank;
+  const char* self = std::getenv("SHRINK_SELF");
+  if (in_list && !(self && std::atoi(self) == 1)) {
+    say("LEFT");
+    comm_destroy(c);
+    return 0;
+  }
+  comm_t s = nullptr;
+  const double t0 = mono_ms();
+  const comm_status_t ss = comm_shrink(c, excluded.data(), static_cast<int>(excluded.size()), &s);
+  int new_rank = -1, new_size = -1;
+  if (ss == COMM_OK) {
+    comm_rank(s, &new_rank);
+    comm_size(s, &new_size);
+  }
+  say("SHRINK " + std::to_string(ss) + " " + std::to_string(static_cast<long>(mono_ms() - t0)) + " " +
+      std::to_string(new_rank) + " " + std::to_string(new_size));
+  Checker check(s, new_rank, new_size);
+  if (ss != COMM_OK) {
+    say("MSG " + one_line(comm_last_error(c)));
+  } else {
+    // Exact in float32: (new rank + 1) * (i % 7 + 1), summed over the ranks.
+    const long ranks_sum = static_cast<long>(new_size) * (new_size + 1) / 2;
+    for (size_t elems : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
+      std::vector<float> a(elems), b(elems, -1.0f);
+      for (size_t i = 0; i < elems; ++i) a[i] = static_cast<float>((new_rank + 1) * static_cast<long>(i % 7 + 1));
+      if (!check.status(comm_allreduce(s, a.data(), b.data(), elems, COMM_FLOAT32, COMM_SUM, nullptr),
+                        "allreduce on the shrunk communicator"))
+        break;
+      size_t wrong = 0;
+      for (size_t i = 0; i < elems; ++i) wrong += b[i] != static_cast<float>(ranks_sum * static_cast<long>(i % 7 + 1));
+      if (wrong) check.fail("allreduce of " + std::to_string(elems) + " on the shrunk communicator: " +
+                            std::to_string(wrong) + " wrong");
+      check.hash("shrunk" + std::to_string(elems), b.data(), elems * sizeof(float));
+    }
+    const comm_status_t old = comm_allreduce(c, x.data(), y.data(), 1, COMM_FLOAT32, COMM_SUM, nullptr);
+    say("OLD " + std::to_string(old));
+    if (old != COMM_OK) say("OLDMSG " + one_line(comm_last_error(c)));
+    check.status(comm_destroy(s), "comm_destroy of the shrunk communicator");
+  }
+  comm_destroy(c);
+  say("DONE " + std::to_string(check.failures));
+  return 0;
+}
+
 // A chain of waits on 4 ranks whose first timeout is not the stopped rank's neighbour:
 // after a barrier, rank v (STALL_VICTIM, default 3) stops itself (SIGSTOP); a = v+1 receives
 // from v a second late, b = v+2 receives from a at once, d = v+3 receives from b half a second
@@ -437,6 +531,7 @@ int main(int argc, char** argv) {
   if (mode == "shm") return mode_shm();
   if (mode == "stall") return mode_stall();
   if (mode == "idle") return mode_idle();
-  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm|stall|idle (with torchrun's environment)\n");
+  if (mode == "shrink") return mode_shrink();
+  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm|stall|idle|shrink (with torchrun's environment)\n");
   return 64;
 }

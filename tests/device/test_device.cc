@@ -284,6 +284,27 @@ TEST_CASE("NCCL path, 3 ranks with a GPU each (auto, made at the first device ca
   destroy_ranks(ranks.comms);
 }
 
+TEST_CASE("comm_shrink on an NCCL communicator whose NCCL lacks ncclCommShrink: COMM_ERR_UNAVAILABLE naming the "
+          "version, and the communicator still works", "[device]") {
+  EnvGuard cuda("COMM_CUDA_LIBRARY", FAKE_CUDART);
+  EnvGuard nccl("COMM_NCCL_LIBRARY", FAKE_NCCL);  // 2.23.4: before ncclCommShrink (2.27)
+  FakeNccl fake;
+  FakeDevice dev;
+  Ranks ranks = init_ranks(1, "fake-nccl-shrink", 20000, [](int, comm_config_t& cfg) { cfg.transport = "nccl"; });
+  INFO(ranks.describe());
+  REQUIRE(ranks.all_ok());
+  comm_t c = ranks.comms[0];
+  comm_t out = nullptr;
+  CHECK(comm_shrink(c, nullptr, 0, &out) == COMM_ERR_UNAVAILABLE);
+  CHECK(out == nullptr);
+  CHECK(icontains(last_error(c), "ncclCommShrink"));
+  CHECK(icontains(last_error(c), "2.23.4"));
+  float* buf = dev.alloc(4);
+  CHECK(comm_allreduce(c, buf, buf, 4, COMM_FLOAT32, COMM_SUM, kStream) == COMM_OK);  // nothing moved, nothing broke
+  dev.free_fn(buf);
+  destroy_ranks(ranks.comms);
+}
+
 TEST_CASE("NCCL's asynchronous error: the watchdog aborts NCCL and the communicator fails with COMM_ERR_REMOTE",
           "[device]") {
   EnvGuard cuda("COMM_CUDA_LIBRARY", FAKE_CUDART);

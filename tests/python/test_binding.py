@@ -182,6 +182,20 @@ def dup_and_split(comm):
 
 
 @case
+def shrink_makes_a_communicator_and_ends_the_old_one(comm):
+    size, rank = comm.size, comm.rank
+    expect_raises(libcomm.InvalidArgumentError, comm.shrink, [rank], contains=("excludes itself",))
+    d = comm.dup()  # shrink ends the communicator it is called on: use a copy
+    s = d.shrink([])
+    assert (s.rank, s.size) == (rank, size)
+    assert list(s.allreduce(np.ones(2, np.int32))) == [size] * 2
+    expect_raises(libcomm.InvalidUsageError, d.allreduce, np.ones(2, np.int32),
+                  contains=("only comm_destroy",))  # only destroy is left
+    s.destroy()
+    d.destroy()
+
+
+@case
 def bad_input_raises_invalid_argument_and_leaves_comm_usable(comm):
     x = np.ones(8, np.float32)
     e = expect_raises(libcomm.InvalidArgumentError, comm.broadcast, x, root=comm.size + 3,

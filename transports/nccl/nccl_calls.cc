@@ -122,6 +122,28 @@ Status init_comm(const NcclLibrary& nccl, int nranks, int rank, const ncclUnique
   return Status::Ok();
 }
 
+Status shrink_comm(const NcclLibrary& nccl, ncclComm_t comm, std::vector<int> excluded, bool abort_parent,
+                   const char* name, const WaitPolicy& w, ncclComm_t* out) {
+  if (nccl.ncclCommShrink == nullptr)
+    return Unavailable(w.where + "the loaded NCCL " + nccl.version_text() + " has no ncclCommShrink (NCCL 2.27 or "
+                       "later has it); install a newer NCCL (COMM_NCCL_LIBRARY), or make a new communicator with "
+                       "comm_init");
+  ncclComm_t made = nullptr;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.commName = name;
+  ncclResult_t r = nccl.ncclCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &made, &config,
+                                       abort_parent ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+  if (r != ncclSuccess && r != ncclInProgress) made = nullptr;
+  Status st = settle(nccl, made, r, "ncclCommShrink", w);
+  if (!st.ok()) {
+    if (made) (void)nccl.ncclCommAbort(made);
+    return st;
+  }
+  *out = made;
+  return Status::Ok();
+}
+
 ncclResult_t enqueue(const NcclLibrary& nccl, ncclComm_t comm, const Call& a, cudaStream_t s, const char** what) {
   const ncclDataType_t dt = nccl_dtype(a.dtype);
   switch (a.kind) {

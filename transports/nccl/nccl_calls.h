@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "comm/comm.h"
 #include "dl/nccl_library.h"
@@ -39,6 +40,12 @@ Status exchange_unique_id(const NcclLibrary& nccl, Store& store, int rank, const
 // the communicator (NCCL keeps the pointer).
 Status init_comm(const NcclLibrary& nccl, int nranks, int rank, const ncclUniqueId& id, const char* name,
                  const WaitPolicy& w, ncclComm_t* out);
+
+// ncclCommShrink (NCCL 2.27+), nonblocking, settled: the ranks of `comm` not in `excluded` make
+// *out. abort_parent: NCCL_SHRINK_ABORT (the parent failed; its work is ended first).
+// COMM_ERR_UNAVAILABLE when the loaded NCCL has no ncclCommShrink.
+Status shrink_comm(const NcclLibrary& nccl, ncclComm_t comm, std::vector<int> excluded, bool abort_parent,
+                   const char* name, const WaitPolicy& w, ncclComm_t* out);
 
 // One call as NCCL sees it.
 struct Call {

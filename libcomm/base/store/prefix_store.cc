@@ -18,6 +18,8 @@ class PrefixStore final : public Store {
     return base_->add(prefix_ + key, delta, result);
   }
   void release_idle() override { base_->release_idle(); }
+  bool dies_with_rank0() const override { return base_->dies_with_rank0(); }
+  std::string reach_address() const override { return base_->reach_address(); }
 
  private:
   std::shared_ptr<Store> base_;

@@ -43,6 +43,7 @@ class Client final : public Store {
   Status connect_first() {
     posix::Fd fd;
     COMM_RETURN_IF_ERROR(connect(Deadline::after_ms(options_.timeout_ms), options_.timeout_ms, &fd));
+    reach_address_ = local_host(fd.get());
     release(std::move(fd));
     return Status::Ok();
   }
@@ -52,6 +53,9 @@ class Client final : public Store {
     std::string payload;
     return call(Op::kSet, key, value, Deadline::after_ms(options_.timeout_ms), &payload);
   }
+
+  bool dies_with_rank0() const override { return true; }
+  std::string reach_address() const override { return reach_address_; }
 
   Status set(const std::string& key, const std::string& value, Deadline deadline) override {
     COMM_RETURN_IF_ERROR(check_sizes(key, value.size()));
@@ -296,8 +300,22 @@ class Client final : public Store {
     return SystemError("hello: " + errno_string(err));
   }
 
+  // The numeric address of this end of a connection: routable from the server's host.
+  static std::string local_host(int fd) {
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    char host[NI_MAXHOST] = {};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0 ||
+        getnameinfo(reinterpret_cast<sockaddr*>(&local), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0)
+      return "";
+    std::string text = host;
+    if (text.rfind("::ffff:", 0) == 0 && text.find('.') != std::string::npos) text = text.substr(7);  // v4-mapped
+    return text;
+  }
+
   const TcpStoreOptions options_;
   const std::string where_;
+  std::string reach_address_;  // set once by connect_first, before anyone else sees the store
   std::mutex mu_;
   std::vector<posix::Fd> idle_;
 };

@@ -77,6 +77,7 @@ class Server final : public Store {
         port_(port),
         where_(std::move(where)),
         token_(options.auth_token),
+        host_(options.host),
         hello_timeout_(std::chrono::milliseconds(std::max(1, options.hello_timeout_ms))),
         max_strangers_(static_cast<size_t>(std::max(1, options.max_unauthenticated))),
         read_buf_(kReadChunk) {}
@@ -97,6 +98,8 @@ class Server final : public Store {
   }
 
   int port() const { return port_; }
+  bool dies_with_rank0() const override { return true; }
+  std::string reach_address() const override { return host_; }
 
   using Store::set;  // the set with a deadline: this store waits on no other process
   Status set(const std::string& key, const std::string& value) override {
@@ -479,6 +482,7 @@ class Server final : public Store {
   const int port_;
   const std::string where_;
   const std::string token_;
+  const std::string host_;  // the host it was told to listen on (MASTER_ADDR), "" for any
   const std::chrono::milliseconds hello_timeout_;
   const size_t max_strangers_;
   std::atomic<bool> stop_{false};

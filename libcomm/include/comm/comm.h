@@ -23,9 +23,9 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 4 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+#define COMM_ABI_VERSION_MINOR 5 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
                                     comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2;
-                                    4: comm_engine_test */
+                                    4: comm_shrink; 5: comm_engine_test */
 
 typedef enum {
   COMM_OK = 0,
@@ -103,6 +103,19 @@ COMM_API comm_status_t comm_init(const comm_config_t* cfg, comm_t* comm);
 COMM_API comm_status_t comm_dup(comm_t comm, comm_t* out);
 /* color < 0 (COMM_UNSET): this rank takes no part and *out is set to NULL. */
 COMM_API comm_status_t comm_split(comm_t comm, int color, int key, comm_t* out);
+/* ncclCommShrink's semantics: collective over the ranks of comm that are not in exclude_ranks
+ * (n_exclude ranks of comm; NULL when n_exclude is 0), which every one of them passes alike
+ * (in any order). comm may be healthy or broken (after a peer died, timed out or aborted) or
+ * aborted; its transport is not used. The survivors are renumbered densely in their old
+ * order into *new_comm, which has comm's settings and host transports (and, when comm's device
+ * buffers went through NCCL, NCCL's own ncclCommShrink of it: COMM_ERR_UNAVAILABLE when the
+ * loaded NCCL lacks it). Afterwards comm can only be destroyed: every other call on it fails
+ * with COMM_ERR_INVALID_USAGE. Excluding this rank, a rank out of range or a rank twice is
+ * COMM_ERR_INVALID_ARGUMENT (nothing changes); survivors passing different lists fail with
+ * COMM_ERR_INVALID_USAGE, or a survivor that never calls with COMM_ERR_TIMEOUT, within the
+ * timeout. Works when world rank 0 (which serves the rendezvous store) is excluded:
+ * docs/design.md, "Shrinking a communicator". */
+COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_exclude, comm_t* new_comm);
 /* Local, non-blocking, idempotent, any thread: every pending and future call on comm
  * ends with COMM_ERR_ABORTED. Frees nothing; call comm_destroy afterwards. */
 COMM_API comm_status_t comm_abort(comm_t comm);

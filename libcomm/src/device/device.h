@@ -77,6 +77,13 @@ class EngineStreams {
 // device path with every rank if no device call did yet). COMM_ERR_UNAVAILABLE when some rank
 // has no CUDA runtime or device, or the build has no CUDA headers.
 Status open_engine_streams(comm_t c, comm_stream_t producer, std::unique_ptr<EngineStreams>* out);
+// comm_shrink, before anything moves: a communicator whose device buffers go through NCCL can
+// be shrunk only with ncclCommShrink (COMM_ERR_UNAVAILABLE naming the NCCL when it lacks it).
+Status check_shrink(comm_t c);
+// comm_shrink, once the host part made `child`: the parent's NCCL communicator shrunk alike
+// (ncclCommShrink); nothing to do when the parent has none (the child decides at its first
+// device call, as any communicator does).
+Status shrink(comm_t parent, comm_t child, const std::vector<int>& excluded);
 // comm_destroy: stops the watchdog, finalizes (or aborts, after an error) the NCCL communicator.
 void release(comm_t c);
 

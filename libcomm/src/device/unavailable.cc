@@ -34,6 +34,8 @@ Status group_end() { return Status::Ok(); }
 Status group_finish(bool) { return Status::Ok(); }
 bool mem_alloc(comm_t, size_t, void**, Status*) { return false; }
 bool mem_free(comm_t, void*, Status*) { return false; }
+Status check_shrink(comm_t) { return Status::Ok(); }  // no device state: the host part is all
+Status shrink(comm_t, comm_t, const std::vector<int>&) { return Status::Ok(); }
 void release(comm_t) {}
 
 }  // namespace comm::device

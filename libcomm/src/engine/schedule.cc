@@ -175,7 +175,9 @@ void Engine::comm_loop() {
       running_ = false;
       pt.done = true;
       pt.done_us = t;
-      if (++done_parts_ == static_cast<int>(parts_.size())) comm_active_ = false;
+      // A failed partition leaves the step active until fail() below has set broken_: end()
+      // waits for "idle or broken", and idle first made it return OK with unreduced gradients.
+      if (st.ok() && ++done_parts_ == static_cast<int>(parts_.size())) comm_active_ = false;
     }
     cv_.notify_all();
     if (!st.ok()) {
