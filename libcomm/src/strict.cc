@@ -5,56 +5,20 @@
 
 #include <cstring>
 
+#include "common/wire_tag.h"
+
 namespace comm {
-
-namespace {
-
-// OpTag as fixed-width fields, the same bytes on every rank of a job (one build, one byte order).
-struct Signature {
-  uint64_t seq;
-  uint64_t count;
-  int32_t root;
-  uint8_t coll;
-  uint8_t dtype;
-  uint8_t op;
-  uint8_t pad;
-};
-static_assert(sizeof(Signature) == 24);
-
-Signature signature_of(const transport::OpTag& t) {
-  Signature s{};
-  s.seq = t.seq;
-  s.count = t.count;
-  s.root = t.root;
-  s.coll = static_cast<uint8_t>(t.coll);
-  s.dtype = t.dtype;
-  s.op = t.op;
-  return s;
-}
-
-transport::OpTag tag_of(const Signature& s) {
-  transport::OpTag t;
-  t.seq = s.seq;
-  t.count = s.count;
-  t.root = s.root;
-  t.coll = static_cast<transport::CollKind>(s.coll);
-  t.dtype = s.dtype;
-  t.op = s.op;
-  return t;
-}
-
-}  // namespace
 
 Status confirm_signature(comm_t c, algo::Context& ctx, const algo::CollArgs& args) {
   if (c->size < 2) return Status::Ok();
-  const Signature mine = signature_of(args.tag);
-  const size_t bytes = sizeof(Signature) * static_cast<size_t>(c->size);
+  const transport::WireTag mine = transport::wire_tag(args.tag);
+  const size_t bytes = sizeof(transport::WireTag) * static_cast<size_t>(c->size);
   if (c->strict_signatures.size() < bytes) c->strict_signatures.resize(bytes);  // once per communicator
   algo::CollArgs check;
   check.kind = transport::CollKind::kAllgather;
   check.sendbuf = &mine;
   check.recvbuf = c->strict_signatures.data();
-  check.count = sizeof(Signature);
+  check.count = sizeof(transport::WireTag);
   check.dtype = COMM_UINT8;
   check.op = COMM_SUM;
   // A number no call has (the top bit set): shared memory compares a stuck message's tag with
@@ -63,17 +27,17 @@ Status confirm_signature(comm_t c, algo::Context& ctx, const algo::CollArgs& arg
   check.tag.seq = args.tag.seq | (uint64_t{1} << 63);
   check.tag.coll = transport::CollKind::kInternal;
   check.tag.dtype = static_cast<uint8_t>(COMM_UINT8);
-  check.tag.count = sizeof(Signature);
+  check.tag.count = sizeof(transport::WireTag);
   const std::string what = "strict check (COMM_CHECK_COLLECTIVES=1) of " + transport::describe(args.tag) + ": ";
   Status st = algo::run_collective(ctx, check, algo::Overrides{});
   if (!st.ok()) return st.prefixed(what);
   for (int r = 0; r < c->size; ++r) {
-    Signature theirs;
-    std::memcpy(&theirs, c->strict_signatures.data() + sizeof(Signature) * static_cast<size_t>(r), sizeof theirs);
+    transport::WireTag theirs;
+    std::memcpy(&theirs, c->strict_signatures.data() + sizeof(transport::WireTag) * static_cast<size_t>(r), sizeof theirs);
     if (std::memcmp(&theirs, &mine, sizeof mine) == 0) continue;
     return InvalidUsage(what + "rank " + std::to_string(c->rank) + " (this rank) called " +
                         transport::describe(args.tag) + " but rank " + std::to_string(r) + " called " +
-                        transport::describe(tag_of(theirs)) + "; every rank must call the same collectives in the same "
+                        transport::describe(transport::op_tag(theirs)) + "; every rank must call the same collectives in the same "
                         "order with the same count, dtype, op and root");
   }
   return Status::Ok();

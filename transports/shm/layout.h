@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/wire_tag.h"
+
 namespace comm::transport::shm {
 
 constexpr uint64_t kControlMagic = 0x4c52544e43434d31ull;  // "1MCCNTRL"
@@ -35,17 +37,7 @@ struct alignas(kLine) Futex {
 static_assert(sizeof(Counter) == kLine && sizeof(Futex) == kLine);
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 
-// OpTag as it sits in shared memory (fixed layout; read by peers and compared).
-struct WireTag {
-  uint64_t seq;
-  uint64_t count;
-  int32_t root;
-  uint8_t coll;
-  uint8_t dtype;
-  uint8_t op;
-  uint8_t pad;
-};
-static_assert(sizeof(WireTag) == 24);
+// OpTag as it sits in shared memory (fixed layout; read by peers and compared): transports/common/wire_tag.h.
 
 // How a peer reaches a buffer this rank exposes for one call, or a message's payload.
 enum class Reach : uint32_t {

@@ -11,34 +11,6 @@
 #include "shm/shm_transport_impl.h"
 
 namespace comm::transport::shm {
-namespace {
-
-WireTag to_wire(const OpTag& t) {
-  WireTag w{};
-  w.seq = t.seq;
-  w.count = t.count;
-  w.root = t.root;
-  w.coll = static_cast<uint8_t>(t.coll);
-  w.dtype = t.dtype;
-  w.op = t.op;
-  return w;
-}
-
-OpTag from_wire(const WireTag& w) {
-  OpTag t;
-  t.seq = w.seq;
-  t.count = w.count;
-  t.root = w.root;
-  t.coll = static_cast<CollKind>(w.coll);
-  t.dtype = w.dtype;
-  t.op = w.op;
-  return t;
-}
-
-}  // namespace
-
-WireTag wire_tag(const OpTag& t) { return to_wire(t); }
-OpTag op_tag(const WireTag& w) { return from_wire(w); }
 
 ChannelHead* ShmTransport::channel_out(int i) const {
   return reinterpret_cast<ChannelHead*>(peers_[static_cast<size_t>(me_)].channels +
@@ -137,7 +109,7 @@ bool ShmTransport::send_progress(int i) {
     const uint32_t index = p.sends.head;
     Request& r = pool_[index];
     SlotHeader* sh = slot_of(ch, head);
-    sh->tag = to_wire(r.tag);
+    sh->tag = wire_tag(r.tag);
     sh->total_bytes = r.bytes;
     sh->reach = static_cast<uint32_t>(Reach::kNone);
     uint64_t offset = 0;
@@ -197,7 +169,7 @@ Status ShmTransport::recv_progress(int i, bool* moved) {
   while (!p.recvs.empty() && tail < head) {
     Request& r = pool_[p.recvs.head];
     const SlotHeader* sh = slot_of(ch, tail);
-    const OpTag got = from_wire(sh->tag);
+    const OpTag got = op_tag(sh->tag);
     if (!(got == r.tag))
       return fail(call_mismatch(who(i), got, us(), r.tag));
     if (sh->total_bytes != r.bytes)
@@ -249,7 +221,7 @@ Status ShmTransport::one_sided_disagreement(int i, const OpTag& mine) {
   std::memcpy(&w, &l->desc[posted % 2].tag, sizeof w);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (l->posted.value.load(std::memory_order_relaxed) != posted) return Status::Ok();  // moving on: look again later
-  const OpTag theirs = from_wire(w);
+  const OpTag theirs = op_tag(w);
   if (theirs.seq != mine.seq) return Status::Ok();
   const std::string us = "rank " + std::to_string(rank()) + " (this rank)";
   if (theirs == mine)
@@ -263,7 +235,7 @@ Status ShmTransport::channel_disagreement(int i, const OpTag& mine) {
   const uint64_t tail = ch->tail.value.load(std::memory_order_relaxed);
   const uint64_t head = ch->head.value.load(std::memory_order_acquire);
   if (tail >= head) return Status::Ok();
-  const OpTag got = from_wire(slot_of(ch, tail)->tag);
+  const OpTag got = op_tag(slot_of(ch, tail)->tag);
   if (got.coll == CollKind::kSendRecv || got.seq != mine.seq || got == mine) return Status::Ok();
   return call_mismatch(who(i), got, "rank " + std::to_string(rank()) + " (this rank)", mine);
 }

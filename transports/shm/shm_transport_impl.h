@@ -27,8 +27,6 @@ constexpr long kSliceNs = 20 * 1000 * 1000;  // futex sleeps: abort, deaths and 
 constexpr long kFirstSliceNs = 100 * 1000;   // ... starting this short and doubling
 constexpr uint64_t kRingDepth = 4;           // steps of a large call in flight through the staging rings
 
-WireTag wire_tag(const OpTag& t);
-OpTag op_tag(const WireTag& w);
 
 struct Geometry {
   ControlGeometry control;
