@@ -478,3 +478,51 @@ TEST_CASE("a rank that cannot listen fails every rank at setup, named, not at th
   }
   CHECK(!status[1].ok());
 }
+
+// COMM_SOCKET_PROGRESS_THREAD_BYTES (transports/socket/progress_thread.cc): between a caller's
+// calls, the transport's own thread moves open large requests. 32 MiB is far more than the
+// kernel's socket buffers hold, so without the thread the receiver's test() could only ever
+// drain what the sender's post pushed into them: the sender never calls the transport again.
+TEST_CASE("progress thread: a large message completes while its sender never calls the transport again",
+          "[socket][progress_thread]") {
+  EnvGuard on("COMM_SOCKET_PROGRESS_THREAD_BYTES", "65536");
+  World w = make_world(2);
+  REQUIRE(exchange_big(w) == "");  // lazy connections: made while both ranks wait
+  const size_t bytes = size_t{32} << 20;
+  std::vector<uint8_t> out(bytes), in(bytes, 0);
+  for (size_t i = 0; i < bytes; ++i) out[i] = pattern(0, 1, i);
+  RequestId send_id, recv_id;
+  REQUIRE(w.ranks[1]->irecv(0, tag(2, bytes), in.data(), bytes, &recv_id).ok());
+  REQUIRE(w.ranks[0]->isend(1, tag(2, bytes), out.data(), bytes, &send_id).ok());
+  bool done = false;
+  const auto start = std::chrono::steady_clock::now();
+  while (!done && seconds_since(start) < 20.0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    REQUIRE(w.ranks[1]->test(recv_id, &done).ok());
+  }
+  CHECK(done);
+  CHECK(w.ranks[0]->wait(&send_id, 1).ok());
+  size_t wrong = 0;
+  for (size_t i = 0; i < bytes; ++i) wrong += in[i] != pattern(0, 1, i);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("progress thread: a peer's failure it reads ends the caller's next wait at once, naming the peer",
+          "[socket][progress_thread]") {
+  EnvGuard on("COMM_SOCKET_PROGRESS_THREAD_BYTES", "65536");
+  World w = make_world(2);
+  REQUIRE(exchange_big(w) == "");
+  const size_t bytes = size_t{4} << 20;
+  std::vector<uint8_t> in(bytes, 0);
+  RequestId recv_id;
+  REQUIRE(w.ranks[0]->irecv(1, tag(2, bytes), in.data(), bytes, &recv_id).ok());  // the thread watches
+  w.ranks[1]->notify_peers(Internal("rank 1 broke on purpose"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the thread reads the ERROR frame first
+  const auto start = std::chrono::steady_clock::now();
+  Status st = w.ranks[0]->wait(&recv_id, 1);
+  CHECK(st.code() == COMM_ERR_REMOTE);
+  CHECK_THAT(st.message(), Catch::Contains("rank 1 reported") && Catch::Contains("broke on purpose"));
+  CHECK(seconds_since(start) < 5.0);  // the timeout is 20 s
+  CHECK(w.ranks[0]->wait_failure().awaited.size() == 1);  // the wait still names whom it needed
+  w.ranks[0].reset();  // the thread stops with its transport
+}

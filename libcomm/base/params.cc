@@ -125,6 +125,10 @@ const std::vector<Param>& all() {
       {"COMM_SHM_ARENA_BYTES", Type::kInt, "68719476736",
        "shared memory: address space each rank reserves (not allocates) for comm_mem_alloc buffers and staging",
        nullptr},
+      {"COMM_SOCKET_PROGRESS_THREAD_BYTES", Type::kInt, "0",
+       "sockets: a request of at least this many bytes starts the transport's progress thread, which moves "
+       "open requests' bytes while no caller is inside the transport (0: no thread; waits move everything)",
+       nullptr},
       {"COMM_SOCKET_SPIN_US", Type::kInt, "0",
        "sockets: microseconds a wait polls without blocking after each progress, before it sleeps in poll() "
        "(0: never spin; spinning trades a trainer's CPU for wake-up latency)",

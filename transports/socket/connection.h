@@ -27,6 +27,7 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   bool is_send = false;
   uint8_t nparts = 0;
   uint8_t parts_left = 0;
+  bool large = false;  // counted in open_large_ while unfinished: the progress thread's work
   int peer = -1;
   OpTag tag;
   char* buf = nullptr;

@@ -10,6 +10,7 @@
 namespace comm::transport::sock {
 
 SocketTransport::~SocketTransport() {
+  stop_progress_thread();
   // A failed rank already told its peers why; an aborted one looks dead to them, as it is.
   if (aborted_.load(std::memory_order_acquire) || !failed_.ok()) return;
   for (auto& c : conns_) {
@@ -69,7 +70,9 @@ int64_t SocketTransport::silence_limit_ms() const {
 }
 
 Status SocketTransport::check_idle() {
+  Entry entry(*this);
   COMM_RETURN_IF_ERROR(usable());
+  if (Status st = take_thread_failure(); !st.ok()) return fail(st);
   Status st = progress(0);  // failure reports (ERROR frames), heartbeats, GOODBYEs and closes
   if (!st.ok()) return fail(st);
   const Clock::time_point now = Clock::now();

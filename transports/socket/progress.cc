@@ -12,24 +12,49 @@ namespace comm::transport::sock {
 
 // ---- progress --------------------------------------------------------------------------------
 
+// Every live data connection, watched for input (so ERROR frames and closes are seen even
+// from peers this wait does not involve) -- except a stashed one, whose next bytes belong to a
+// receive not posted yet -- and for output while it has something to send.
+void SocketTransport::collect_polls(std::vector<pollfd>* pfds, std::vector<size_t>* conn_of) {
+  for (size_t i = 0; i < conns_.size(); ++i) {
+    Connection& c = conns_[i];
+    if (c.closed || !c.fd.valid()) continue;
+    short events = 0;
+    if (c.state != RecvState::kStashed) events |= POLLIN;
+    if (!c.sends.empty() || c.beat_left != 0) events |= POLLOUT;
+    if (events == 0 && c.hup_seen) continue;
+    pfds->push_back({c.fd.get(), events, 0});
+    conn_of->push_back(i);
+  }
+}
+
+// Moves what poll() said is ready, for entries [from, to). Readiness is a hint: the progress
+// thread polls without the lock, so a connection may have moved on (or closed) meanwhile;
+// every read and write is non-blocking, and a connection whose descriptor changed is skipped.
+Status SocketTransport::handle_polls(const std::vector<pollfd>& pfds, const std::vector<size_t>& conn_of, size_t from,
+                                     size_t to) {
+  for (size_t k = from; k < to; ++k) {
+    short re = pfds[k].revents;
+    if (re == 0) continue;
+    Connection& c = conns_[conn_of[k]];
+    if (c.closed || c.fd.get() != pfds[k].fd) continue;
+    if ((!c.sends.empty() || c.beat_left != 0) && (re & (POLLOUT | POLLERR | POLLHUP))) send_progress(c);
+    if (c.closed) continue;
+    if (c.state == RecvState::kStashed) {
+      if (re & (POLLERR | POLLHUP)) c.hup_seen = true;
+      continue;
+    }
+    if (re & (POLLIN | POLLERR | POLLHUP)) COMM_RETURN_IF_ERROR(recv_progress(c));
+  }
+  return Status::Ok();
+}
+
 Status SocketTransport::progress(int timeout_ms) {
   pfds_.clear();
   pfd_conn_.clear();
   pfds_.push_back({wake_.get(), POLLIN, 0});
   pfd_conn_.push_back(0);
-  for (size_t i = 0; i < conns_.size(); ++i) {
-    Connection& c = conns_[i];
-    if (c.closed || !c.fd.valid()) continue;
-    short events = 0;
-    // Every live connection is watched for input, so ERROR frames and closes are seen
-    // even from peers this wait does not involve -- except a stashed one, whose next
-    // bytes belong to a receive not posted yet.
-    if (c.state != RecvState::kStashed) events |= POLLIN;
-    if (!c.sends.empty() || c.beat_left != 0) events |= POLLOUT;
-    if (events == 0 && c.hup_seen) continue;
-    pfds_.push_back({c.fd.get(), events, 0});
-    pfd_conn_.push_back(i);
-  }
+  collect_polls(&pfds_, &pfd_conn_);
   // The listener (peers connect on first use, for the job's life), handshakes and dials.
   const size_t first_mesh = pfds_.size();
   if (mesh_) {
@@ -58,19 +83,7 @@ Status SocketTransport::progress(int timeout_ms) {
     ssize_t ignored = ::read(wake_.get(), &count, sizeof count);
     (void)ignored;
   }
-  for (size_t k = 1; k < first_mesh; ++k) {
-    short re = pfds_[k].revents;
-    if (re == 0) continue;
-    Connection& c = conns_[pfd_conn_[k]];
-    if ((!c.sends.empty() || c.beat_left != 0) && (re & (POLLOUT | POLLERR | POLLHUP))) send_progress(c);
-    if (c.closed) continue;
-    if (c.state == RecvState::kStashed) {
-      if (re & (POLLERR | POLLHUP)) c.hup_seen = true;
-      continue;
-    }
-    if (re & (POLLIN | POLLERR | POLLHUP)) COMM_RETURN_IF_ERROR(recv_progress(c));
-  }
-  return Status::Ok();
+  return handle_polls(pfds_, pfd_conn_, 1, first_mesh);
 }
 
 void SocketTransport::send_progress(Connection& c) {
@@ -114,7 +127,7 @@ void SocketTransport::send_progress(Connection& c) {
     if (p.done < kHeaderBytes + p.length) return;  // the socket buffer is full
     pop(c.sends);
     p.finished = true;
-    --r.parts_left;
+    part_done(r);
   }
 }
 
@@ -163,7 +176,7 @@ Status SocketTransport::recv_progress(Connection& c) {
         if (p.done < p.length) continue;
         pop(c.receives);
         p.finished = true;
-        --r.parts_left;
+        part_done(r);
         c.state = RecvState::kHeader;
         break;
       }
@@ -233,7 +246,7 @@ Status SocketTransport::match(Connection& c) {
   }
   pop(c.receives);
   p.finished = true;
-  --r.parts_left;
+  part_done(r);
   c.state = RecvState::kHeader;
   return Status::Ok();
 }
@@ -267,6 +280,7 @@ void SocketTransport::close_connection(Connection& c, const std::string& reason,
 // ---- failure propagation ---------------------------------------------------------------------
 
 void SocketTransport::notify_peers(const Status& failure) {
+  Entry entry(*this);
   Status reason = failure.ok() ? Internal(me() + ": notify_peers called without a failure") : failure;
   std::string text = reason.message().substr(0, kMaxNotifyText);
   FrameHeader h{};

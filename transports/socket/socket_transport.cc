@@ -25,6 +25,9 @@ SocketTransport::SocketTransport(Options options, int nconns, std::unique_ptr<Me
   pfd_conn_.reserve(conns_.size() + 1);
   int64_t spin_us = 0;
   if (params::get_int("COMM_SOCKET_SPIN_US", 0, 1000000, &spin_us).ok()) spin_ = std::chrono::microseconds(spin_us);
+  int64_t thread_bytes = 0;
+  if (params::get_int("COMM_SOCKET_PROGRESS_THREAD_BYTES", 0, INT64_MAX, &thread_bytes).ok())
+    thread_min_bytes_ = static_cast<uint64_t>(thread_bytes);
   heartbeat_ = std::chrono::milliseconds(options_.heartbeat_ms > 0 ? options_.heartbeat_ms : 0);
   heard_.assign(static_cast<size_t>(size()), Clock::time_point{});
   for (auto& link : links) install(link);
@@ -83,6 +86,7 @@ PartLink SocketTransport::pop(PartQueue& q) {
 }
 
 Status SocketTransport::post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id) {
+  Entry entry(*this);
   COMM_RETURN_IF_ERROR(usable());
   if (id == nullptr) return InvalidArgument("socket transport: null request id pointer");
   if (peer < 0 || peer >= size() || peer == rank())
@@ -101,6 +105,11 @@ Status SocketTransport::post(bool is_send, int peer, const OpTag& tag, char* buf
   int n = stripe_parts(bytes, nconns_);
   r.nparts = static_cast<uint8_t>(n);
   r.parts_left = static_cast<uint8_t>(n);
+  r.large = thread_min_bytes_ != 0 && bytes >= thread_min_bytes_;
+  if (r.large) {
+    ++open_large_;
+    start_progress_thread();
+  }
   for (int k = 0; k < n; ++k) {
     Part& p = r.parts[k];
     stripe_part(bytes, n, k, &p.offset, &p.length);
@@ -154,6 +163,7 @@ void SocketTransport::wake() {
 }
 
 Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
+  Entry entry(*this);
   COMM_RETURN_IF_ERROR(usable());
   COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
   // A failure names the peers this wait still needed (Transport::wait_failure).
@@ -167,6 +177,7 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
   };
   ProgressClock clock(options_.timeout_ms, spin_);
   for (;;) {
+    if (Status st = take_thread_failure(); !st.ok()) return failed(st);
     bool all_done = true, some_done = false;
     for (size_t i = 0; i < n; ++i) {
       Request& r = pool_.of(ids[i]);
@@ -195,7 +206,9 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
 }
 
 Status SocketTransport::test(RequestId id, bool* done) {
+  Entry entry(*this);
   COMM_RETURN_IF_ERROR(usable());
+  if (Status st = take_thread_failure(); !st.ok()) return fail(st);
   if (done == nullptr) return InvalidArgument("socket transport: null done pointer");
   uint32_t index;
   COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));

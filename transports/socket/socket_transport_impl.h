@@ -9,8 +9,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/progress_clock.h"
@@ -62,6 +65,43 @@ class SocketTransport final : public Transport {
   // the same cores.
   std::chrono::microseconds spin_{0};
   Status post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
+
+  // ---- the progress thread (progress_thread.cc) ----
+  // Every entry point (post, wait, test, check_idle, notify_peers) holds an Entry: the lock on
+  // the transport's state, and a count that keeps the progress thread parked while the caller
+  // is inside. Between the caller's calls (a ring reducing its last chunk) the thread moves
+  // the bytes of large requests still open, so the wire does not wait for the reduction.
+  class Entry {
+   public:
+    explicit Entry(SocketTransport& t);
+    ~Entry();
+   private:
+    SocketTransport& t_;
+    std::unique_lock<std::mutex> lock_;
+  };
+  void start_progress_thread();  // under the lock, at the first large request
+  void stop_progress_thread();
+  void progress_thread_loop();
+  bool thread_has_work() const;  // under the lock
+  void part_done(Request& r) {
+    if (--r.parts_left == 0 && r.large) --open_large_;
+  }
+  Status take_thread_failure() {  // under the lock: what the thread met, for the caller's wait
+    Status st = thread_failed_;
+    thread_failed_ = Status::Ok();
+    return st;
+  }
+  std::mutex mu_;
+  std::condition_variable thread_cv_;
+  std::thread thread_;
+  std::atomic<int> callers_{0};  // threads inside an entry point (waiting for or holding mu_)
+  bool thread_stop_ = false;
+  uint64_t thread_min_bytes_ = 0;  // COMM_SOCKET_PROGRESS_THREAD_BYTES; 0: no progress thread
+  uint32_t open_large_ = 0;       // unfinished requests of at least thread_min_bytes_
+  Status thread_failed_;          // a peer's ERROR frame or a protocol error the thread read
+  Fd thread_wake_;                // eventfd: stop_progress_thread() interrupts its poll()
+  std::vector<pollfd> thread_pfds_;
+  std::vector<size_t> thread_conn_of_;
   Status usable();
   Status fail(const Status& st) {
     if (failed_.ok()) failed_ = st;
@@ -77,6 +117,8 @@ class SocketTransport final : public Transport {
   PartLink pop(PartQueue& q);
 
   Status progress(int timeout_ms);
+  void collect_polls(std::vector<pollfd>* pfds, std::vector<size_t>* conn_of);
+  Status handle_polls(const std::vector<pollfd>& pfds, const std::vector<size_t>& conn_of, size_t from, size_t to);
   void install(MeshLink& link);
   void unreachable(const MeshFailure& f);
   void send_progress(Connection& c);
