@@ -231,18 +231,30 @@ void collect(comm_t c, std::vector<InFlight>* inflight, Status st) {
   inflight->clear();
 }
 
+constexpr auto kLazyWindow = std::chrono::milliseconds(100);
+constexpr auto kLazyPoll = std::chrono::milliseconds(1);
+
 void worker_loop(comm_t c) {
   log::set_thread_rank(c->rank);
   std::vector<InFlight> inflight;
   std::vector<transport::RequestId> ids;
   std::unique_lock<std::mutex> lock(c->queue_mu);
   auto can_take = [&] { return !c->queue.empty() && !c->helping; };
+  auto wake_up = [&] { return can_take() || (c->worker_stop && !c->helping); };
   for (;;) {
     if (!can_take() && inflight.empty()) {
       c->worker_busy = false;
       c->worker_active.store(!c->queue.empty() || c->helping, std::memory_order_release);
       c->queue_cv.notify_all();
-      c->queue_cv.wait(lock, [&] { return can_take() || (c->worker_stop && !c->helping); });
+      while (!wake_up()) {
+        if (std::chrono::steady_clock::now() - c->last_inline_run < kLazyWindow) {
+          c->worker_lazy = true;  // comm_wait runs calls itself: look now and then, unwoken
+          c->queue_cv.wait_for(lock, kLazyPoll, wake_up);
+          c->worker_lazy = false;
+        } else {
+          c->queue_cv.wait(lock, wake_up);
+        }
+      }
       if (!can_take()) return;  // stop requested and drained
     }
     c->worker_busy = true;
@@ -300,7 +312,9 @@ Status enqueue(comm_t c, algo::CollArgs args, comm_request_s** out) {
     c->queue.push_back(req);
     c->worker_active.store(true, std::memory_order_release);
     if (!c->worker.joinable()) c->worker = std::thread(worker_loop, c);
-    c->queue_cv.notify_all();
+    // A lazy worker finds a collective within kLazyPoll, if comm_wait has not run it by then;
+    // sends and receives are never run inline, so they wake it.
+    if (!c->worker_lazy || args.kind == transport::CollKind::kSendRecv) c->queue_cv.notify_all();
     *out = req;
     in_transport = c->worker_in_transport;
   }
@@ -319,6 +333,7 @@ Status wait_request(comm_request_s* req) {
       req->args.kind != transport::CollKind::kSendRecv) {
     c->queue.pop_front();
     c->helping = true;
+    c->last_inline_run = std::chrono::steady_clock::now();
     lock.unlock();
     Status st = execute(c, req->args);
     if (!st.ok()) {
@@ -329,7 +344,9 @@ Status wait_request(comm_request_s* req) {
     c->helping = false;
     c->worker_active.store(!c->queue.empty() || c->worker_busy, std::memory_order_release);
     c->free_requests.push_back(req);
-    c->queue_cv.notify_all();  // the worker may take what was queued meanwhile
+    // The worker may take what was queued meanwhile. Nothing queued: no one to wake (a wake-up
+    // of the lazy worker per call is what its timed wait saves).
+    if (!c->queue.empty() || c->worker_stop) c->queue_cv.notify_all();
     return st;
   }
   c->queue_cv.wait(lock, [&] { return req->done; });

@@ -443,3 +443,45 @@ TEST_CASE("isend/irecv to both ring neighbours, posted before any wait, complete
     }
   }
 }
+
+// comm_wait runs a call inline when the worker has not taken it; while that keeps happening the
+// worker is not woken per call but looks at its queue every millisecond (libcomm/src/execute.cc,
+// kLazyPoll). A call nobody waits for must still run: here it is only polled with comm_test,
+// which never runs a call itself.
+TEST_CASE("after comm_wait ran calls inline, a collective only polled with comm_test still completes",
+          "[nonblocking]") {
+  Ranks ranks = init_ranks(2, "lazy-worker", 20000);
+  REQUIRE(ranks.all_ok());
+  struct Seen {
+    comm_status_t st = COMM_ERR_INTERNAL;
+    int value = 0;
+    double ms = 0;
+  };
+  auto seen = on_ranks(2, [&](int r) {
+    Seen s;
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    int v = 0;
+    for (int i = 0; i < 50; ++i) {  // issue, then wait at once: run inline
+      v = r + i;
+      comm_request_t req = nullptr;
+      s.st = comm_iallreduce(c, &v, &v, 1, COMM_INT32, COMM_SUM, &req);
+      if (s.st == COMM_OK) s.st = comm_wait(req);
+      if (s.st != COMM_OK || v != 2 * i + 1) return s;
+    }
+    v = 10 + r;
+    comm_request_t req = nullptr;
+    const double t0 = now_ms();
+    s.st = comm_iallreduce(c, &v, &v, 1, COMM_INT32, COMM_SUM, &req);
+    if (s.st == COMM_OK) s.st = test_until_done(req, 10000);
+    s.ms = now_ms() - t0;
+    s.value = v;
+    return s;
+  });
+  destroy_ranks(ranks.comms);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << status_name(seen[static_cast<size_t>(r)].st) << " after "
+                 << seen[static_cast<size_t>(r)].ms << " ms");
+    CHECK(seen[static_cast<size_t>(r)].st == COMM_OK);
+    CHECK(seen[static_cast<size_t>(r)].value == 21);
+  }
+}
