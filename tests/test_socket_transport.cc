@@ -24,6 +24,7 @@
 #include "socket/net.h"
 #include "socket/socket_transport.h"
 #include "socket/wire.h"
+#include "crypto/proof.h"
 #include "transport.h"
 #include "env_guard.h"
 #include "support/transport_test.h"
@@ -115,10 +116,37 @@ bool send_all(int fd, const void* data, size_t n) {
 // 0: the other side closed; -1: error (ECONNRESET counts as closed by the caller); >0 bytes.
 ssize_t recv_some(int fd, void* buf, size_t n) { return ::recv(fd, buf, n, 0); }
 
-std::string hello_bytes(int rank, int size, int index, int nconns, const std::string& secret) {
+bool recv_exact(int fd, void* buf, size_t n) { return ::recv(fd, buf, n, MSG_WAITALL) == static_cast<ssize_t>(n); }
+
+// The connector's half of the handshake (socket/wire.h) by hand, proving `secret`: the Hello, the
+// acceptor's challenge, the Proof; returns the acceptor's verdict. *proved_back: a kOk came with
+// the acceptor's valid proof of `secret`.
+sock::Reply handshake_by_hand(int fd, int rank, int size, int index, int nconns, const std::string& secret,
+                              bool* proved_back = nullptr) {
+  Nonce mine{};
+  REQUIRE(random_nonce(&mine).ok());
   sock::Hello h{sock::kHelloMagic, sock::kProtocolVersion, rank, size, static_cast<uint32_t>(index),
-                static_cast<uint32_t>(nconns), static_cast<uint32_t>(secret.size())};
-  return std::string(reinterpret_cast<const char*>(&h), sizeof h) + secret;
+                static_cast<uint32_t>(nconns), 0, {}};
+  std::memcpy(h.nonce, mine.data(), mine.size());
+  REQUIRE(::send(fd, &h, sizeof h, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h));
+  sock::Reply challenge{};
+  REQUIRE(recv_exact(fd, &challenge, sizeof challenge));
+  REQUIRE(challenge.magic == sock::kReplyMagic);
+  REQUIRE(challenge.code == static_cast<uint32_t>(sock::ReplyCode::kChallenge));
+  Nonce theirs{};
+  REQUIRE(recv_exact(fd, theirs.data(), theirs.size()));
+  sock::Proof p{sock::kProofMagic, {}};
+  const Digest proof = proof_of_secret(secret, sock::kProofContext, Prover::kClient, mine, theirs);
+  std::memcpy(p.proof, proof.data(), proof.size());
+  REQUIRE(::send(fd, &p, sizeof p, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof p));
+  sock::Reply verdict{};
+  REQUIRE(recv_exact(fd, &verdict, sizeof verdict));
+  uint8_t back[kDigestBytes] = {};
+  if (verdict.code == static_cast<uint32_t>(sock::ReplyCode::kOk)) REQUIRE(recv_exact(fd, back, sizeof back));
+  if (proved_back != nullptr)
+    *proved_back = verdict.code == static_cast<uint32_t>(sock::ReplyCode::kOk) &&
+                   check_proof(secret, sock::kProofContext, Prover::kServer, mine, theirs, back);
+  return verdict;
 }
 
 }  // namespace
@@ -146,10 +174,7 @@ TEST_CASE("strangers at the listener are dropped and the job's connections still
 
   // 2. A well-formed handshake with the wrong secret: refused with a reply, then closed.
   int stranger = connect_to(address);
-  std::string hello = hello_bytes(1, 2, 0, configured_nconns(), "not-the-secret");
-  REQUIRE(send_all(stranger, hello.data(), hello.size()));
-  sock::Reply reply{};
-  CHECK(recv_some(stranger, &reply, sizeof reply) == static_cast<ssize_t>(sizeof reply));
+  sock::Reply reply = handshake_by_hand(stranger, 1, 2, 0, configured_nconns(), "not-the-secret");
   CHECK(reply.magic == sock::kReplyMagic);
   CHECK(reply.code == static_cast<uint32_t>(sock::ReplyCode::kBadSecret));
   CHECK(recv_some(stranger, &byte, 1) <= 0);
@@ -207,12 +232,11 @@ TEST_CASE("garbage from an authenticated peer closes its connection, never crash
   std::vector<int> fake(static_cast<size_t>(nconns));
   for (int k = 0; k < nconns; ++k) {
     fake[static_cast<size_t>(k)] = connect_to(address);
-    std::string hello = hello_bytes(1, 2, k, nconns, kSecret);
-    REQUIRE(send_all(fake[static_cast<size_t>(k)], hello.data(), hello.size()));
-    sock::Reply reply{};
-    REQUIRE(recv_some(fake[static_cast<size_t>(k)], &reply, sizeof reply) == static_cast<ssize_t>(sizeof reply));
+    bool proved_back = false;
+    sock::Reply reply = handshake_by_hand(fake[static_cast<size_t>(k)], 1, 2, k, nconns, kSecret, &proved_back);
     // Both dialed: the higher rank's dial (this one) wins.
     REQUIRE(reply.code == static_cast<uint32_t>(sock::ReplyCode::kOk));
+    CHECK(proved_back);  // rank 0 proved the secret back
   }
 
   // A header whose part lies far outside its message.
