@@ -28,6 +28,7 @@
 #include "transport.h"
 #include "env_guard.h"
 #include "support/transport_test.h"
+#include "support/tcp_relay.h"
 
 using namespace comm;
 using namespace comm::testing;
@@ -200,6 +201,53 @@ TEST_CASE("strangers at the listener are dropped and the job's connections still
   REQUIRE(status0.ok());
   REQUIRE(status1.ok());
   CHECK(in == out);
+}
+
+// Issue 15: the job secret is proven, never sent. Rank 1 reads rank 0's address from its own
+// store, where the test has put a real TCP relay's, so its dial to rank 0 goes through the relay,
+// which records every byte both ways: the handshake is there, the secret is not.
+TEST_CASE("the job secret never goes on the wire: a relay between two ranks sees the handshake only", "[socket]") {
+  auto store0 = memory_store(unique_store_name());
+  auto store1 = memory_store(unique_store_name());
+  std::unique_ptr<Transport> t0, t1;
+  Status made0, made1;
+  std::thread make0([&] { made0 = create_socket_transport(options_for(0, 2, store0), &t0); });
+  std::thread make1([&] { made1 = create_socket_transport(options_for(1, 2, store1), &t1); });
+  const std::string addr0 = published_address_of(store0, 0);
+  const std::string addr1 = published_address_of(store1, 1);
+  sock::SockAddr target;
+  REQUIRE(sock::parse_address(addr0, &target).ok());
+  testing::TcpRelay relay(target.get(), target.len);
+  REQUIRE(store0->set("addr/1", addr1).ok());
+  REQUIRE(store1->set("addrs", "127.0.0.1:" + std::to_string(relay.port()) + "\n" + addr1).ok());
+  make0.join();
+  make1.join();
+  INFO(made0.message() << " / " << made1.message());
+  REQUIRE(made0.ok());
+  REQUIRE(made1.ok());
+
+  // Rank 1 dials first (through the relay); rank 0's own dial, if any, loses to it (higher rank wins).
+  uint64_t out = 0x5EC12E7, in = 0;
+  RequestId send_id, recv_id;
+  REQUIRE(t1->isend(0, tag(1, 7), &out, sizeof out, &send_id).ok());
+  Status sent;
+  std::thread rank1([&] { sent = t1->wait(&send_id, 1); });
+  for (int i = 0; i < 1000 && relay.connections() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(relay.connections() > 0);
+  REQUIRE(t0->irecv(1, tag(1, 7), &in, sizeof in, &recv_id).ok());
+  Status received = t0->wait(&recv_id, 1);
+  rank1.join();
+  INFO(sent.message() << " / " << received.message());
+  REQUIRE(sent.ok());
+  REQUIRE(received.ok());
+  CHECK(in == out);
+
+  const std::string wire = relay.captured();
+  const uint64_t hello_magic = sock::kHelloMagic, proof_magic = sock::kProofMagic;
+  CHECK(wire.find(std::string(reinterpret_cast<const char*>(&hello_magic), 8)) != std::string::npos);
+  CHECK(wire.find(std::string(reinterpret_cast<const char*>(&proof_magic), 8)) != std::string::npos);
+  CHECK(wire.find(std::string(reinterpret_cast<const char*>(&out), sizeof out)) != std::string::npos);
+  CHECK(wire.find(kSecret) == std::string::npos);
 }
 
 TEST_CASE("setup times out naming the ranks that never published their address", "[socket]") {

@@ -20,6 +20,7 @@
 
 #include "log.h"
 #include "store/store.h"
+#include "support/tcp_relay.h"
 
 using namespace comm;
 using namespace std::chrono_literals;
@@ -308,6 +309,48 @@ TEST_CASE("tcp store: a client with the wrong auth token is refused, the right o
   }
   auto good = connect_client(port, "s3cret-token");
   check_round_trip(*good, "authorised");
+}
+
+// Issue 15: the token is proven, never sent. A real TCP relay between client and server records
+// every byte both ways (what anyone on the path sees); the token is not among them, the right
+// token still gets in, a wrong one is still refused clearly, and replaying a good client's
+// recorded bytes on a new connection does not get in.
+TEST_CASE("tcp store: COMM_AUTH_TOKEN never goes on the wire; a recorded handshake does not replay", "[store]") {
+  const std::string token = "relay-must-not-see-this-t0ken";
+  const std::string wrong = "another-t0ken-entirely";
+  auto server = start_server(token);
+  sockaddr_in target{};
+  target.sin_family = AF_INET;
+  target.sin_port = htons(static_cast<uint16_t>(tcp_store_port(*server)));
+  inet_pton(AF_INET, kLocal, &target.sin_addr);
+  testing::TcpRelay relay(reinterpret_cast<sockaddr*>(&target), sizeof target);
+  {
+    auto client = connect_client(relay.port(), token);
+    check_round_trip(*client, "through-the-relay");
+  }
+  {
+    CapturedStderr log;
+    std::shared_ptr<Store> intruder;
+    Status st = make_tcp_store(client_options(relay.port(), wrong), &intruder);
+    CHECK(st.code() == COMM_ERR_INVALID_USAGE);
+    CHECK_THAT(st.message(), Catch::Contains("refused") && Catch::Contains("COMM_AUTH_TOKEN"));
+    CHECK(log.wait_for("refused connection from 127.0.0.1:"));
+  }
+  const std::string wire = relay.captured();
+  CHECK(wire.find("value-of-through-the-relay") != std::string::npos);  // the relay carried it all
+  CHECK(wire.find(token) == std::string::npos);
+  CHECK(wire.find(wrong) == std::string::npos);
+
+  // The good client's first connection, replayed as is: the server's fresh nonce makes its proof
+  // worthless (on protocol 1 the replayed hello, token and all, got in).
+  const std::vector<std::string> streams = relay.client_streams();
+  REQUIRE(streams.size() >= 2);
+  CapturedStderr log;
+  int fd = raw_connect(tcp_store_port(*server));
+  REQUIRE(send(fd, streams[0].data(), streams[0].size(), MSG_NOSIGNAL) == static_cast<ssize_t>(streams[0].size()));
+  CHECK(closed_by_peer(fd));
+  close(fd);
+  CHECK(log.wait_for("refused connection from 127.0.0.1:"));
 }
 
 TEST_CASE("tcp store: a client sending garbage is dropped, others go on", "[store]") {
