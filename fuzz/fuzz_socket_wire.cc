@@ -1,5 +1,6 @@
 // Fuzz target: what the socket transport reads from a peer (transports/socket/wire.h): the
-// handshake's Hello (hello_problem, as mesh.cc checks it) and frame headers (frame_problem, as
+// handshake's Hello (hello_problem, as mesh.cc checks it), its Proof (check_proof), the Reply
+// and the bytes its code announces, and frame headers (frame_problem, as
 // progress.cc checks each before it indexes anything), then the striping arithmetic a DATA
 // frame is matched against. Checked: an accepted header's part lies inside its message, an
 // accepted ERROR text fits its buffer, stripes cover a message exactly.
@@ -10,16 +11,37 @@
 #include "socket/wire.h"
 #include "transport.h"
 
+using namespace comm;
 using namespace comm::transport;
 using namespace comm::transport::sock;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t at = 0;
+  // The acceptor's reads: the Hello, then the Proof it checks against the job secret.
+  Nonce client_nonce{}, server_nonce{};
   if (size >= sizeof(Hello)) {
     Hello h;
     std::memcpy(&h, data, sizeof h);
     at = sizeof h;
-    if (hello_problem(h).empty()) FUZZ_CHECK(h.secret_len <= kMaxSecretBytes && h.version == kProtocolVersion);
+    if (hello_problem(h).empty())
+      FUZZ_CHECK(h.magic == kHelloMagic && h.version == kProtocolVersion && h.reserved == 0);
+    std::memcpy(client_nonce.data(), h.nonce, client_nonce.size());
+  }
+  if (size - at >= sizeof(Proof)) {
+    Proof p;
+    std::memcpy(&p, data + at, sizeof p);
+    at += sizeof p;
+    // Accepted exactly when it is the proof made with the secret (constant-time compare included).
+    const Digest real = proof_of_secret("fuzz-secret", kProofContext, Prover::kClient, client_nonce, server_nonce);
+    FUZZ_CHECK(check_proof("fuzz-secret", kProofContext, Prover::kClient, client_nonce, server_nonce, p.proof) ==
+               (std::memcmp(p.proof, real.data(), real.size()) == 0));
+  }
+  // The connector's read: a Reply, and what its code says follows it fits the buffer mesh.cc has.
+  if (size - at >= sizeof(Reply)) {
+    Reply r;
+    std::memcpy(&r, data + at, sizeof r);
+    at += sizeof r;
+    FUZZ_CHECK(reply_extra_bytes(r.code) <= kDigestBytes);
   }
   while (size - at >= sizeof(FrameHeader)) {
     FrameHeader h;

@@ -31,6 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(value.size() == 4);
       (void)get_u32(value.data());
     }
+    if (h.op == Op::kProof) FUZZ_CHECK(key.empty() && value.size() == comm::kDigestBytes);
     if (h.op == Op::kAdd) {
       FUZZ_CHECK(value.size() == 8);
       (void)get_u64(value.data());

@@ -24,9 +24,11 @@
 #include "socket/net.h"
 #include "socket/socket_transport.h"
 #include "socket/wire.h"
+#include "crypto/proof.h"
 #include "transport.h"
 #include "env_guard.h"
 #include "support/transport_test.h"
+#include "support/tcp_relay.h"
 
 using namespace comm;
 using namespace comm::testing;
@@ -115,10 +117,37 @@ bool send_all(int fd, const void* data, size_t n) {
 // 0: the other side closed; -1: error (ECONNRESET counts as closed by the caller); >0 bytes.
 ssize_t recv_some(int fd, void* buf, size_t n) { return ::recv(fd, buf, n, 0); }
 
-std::string hello_bytes(int rank, int size, int index, int nconns, const std::string& secret) {
+bool recv_exact(int fd, void* buf, size_t n) { return ::recv(fd, buf, n, MSG_WAITALL) == static_cast<ssize_t>(n); }
+
+// The connector's half of the handshake (socket/wire.h) by hand, proving `secret`: the Hello, the
+// acceptor's challenge, the Proof; returns the acceptor's verdict. *proved_back: a kOk came with
+// the acceptor's valid proof of `secret`.
+sock::Reply handshake_by_hand(int fd, int rank, int size, int index, int nconns, const std::string& secret,
+                              bool* proved_back = nullptr) {
+  Nonce mine{};
+  REQUIRE(random_nonce(&mine).ok());
   sock::Hello h{sock::kHelloMagic, sock::kProtocolVersion, rank, size, static_cast<uint32_t>(index),
-                static_cast<uint32_t>(nconns), static_cast<uint32_t>(secret.size())};
-  return std::string(reinterpret_cast<const char*>(&h), sizeof h) + secret;
+                static_cast<uint32_t>(nconns), 0, {}};
+  std::memcpy(h.nonce, mine.data(), mine.size());
+  REQUIRE(::send(fd, &h, sizeof h, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h));
+  sock::Reply challenge{};
+  REQUIRE(recv_exact(fd, &challenge, sizeof challenge));
+  REQUIRE(challenge.magic == sock::kReplyMagic);
+  REQUIRE(challenge.code == static_cast<uint32_t>(sock::ReplyCode::kChallenge));
+  Nonce theirs{};
+  REQUIRE(recv_exact(fd, theirs.data(), theirs.size()));
+  sock::Proof p{sock::kProofMagic, {}};
+  const Digest proof = proof_of_secret(secret, sock::kProofContext, Prover::kClient, mine, theirs);
+  std::memcpy(p.proof, proof.data(), proof.size());
+  REQUIRE(::send(fd, &p, sizeof p, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof p));
+  sock::Reply verdict{};
+  REQUIRE(recv_exact(fd, &verdict, sizeof verdict));
+  uint8_t back[kDigestBytes] = {};
+  if (verdict.code == static_cast<uint32_t>(sock::ReplyCode::kOk)) REQUIRE(recv_exact(fd, back, sizeof back));
+  if (proved_back != nullptr)
+    *proved_back = verdict.code == static_cast<uint32_t>(sock::ReplyCode::kOk) &&
+                   check_proof(secret, sock::kProofContext, Prover::kServer, mine, theirs, back);
+  return verdict;
 }
 
 }  // namespace
@@ -146,10 +175,7 @@ TEST_CASE("strangers at the listener are dropped and the job's connections still
 
   // 2. A well-formed handshake with the wrong secret: refused with a reply, then closed.
   int stranger = connect_to(address);
-  std::string hello = hello_bytes(1, 2, 0, configured_nconns(), "not-the-secret");
-  REQUIRE(send_all(stranger, hello.data(), hello.size()));
-  sock::Reply reply{};
-  CHECK(recv_some(stranger, &reply, sizeof reply) == static_cast<ssize_t>(sizeof reply));
+  sock::Reply reply = handshake_by_hand(stranger, 1, 2, 0, configured_nconns(), "not-the-secret");
   CHECK(reply.magic == sock::kReplyMagic);
   CHECK(reply.code == static_cast<uint32_t>(sock::ReplyCode::kBadSecret));
   CHECK(recv_some(stranger, &byte, 1) <= 0);
@@ -175,6 +201,53 @@ TEST_CASE("strangers at the listener are dropped and the job's connections still
   REQUIRE(status0.ok());
   REQUIRE(status1.ok());
   CHECK(in == out);
+}
+
+// Issue 15: the job secret is proven, never sent. Rank 1 reads rank 0's address from its own
+// store, where the test has put a real TCP relay's, so its dial to rank 0 goes through the relay,
+// which records every byte both ways: the handshake is there, the secret is not.
+TEST_CASE("the job secret never goes on the wire: a relay between two ranks sees the handshake only", "[socket]") {
+  auto store0 = memory_store(unique_store_name());
+  auto store1 = memory_store(unique_store_name());
+  std::unique_ptr<Transport> t0, t1;
+  Status made0, made1;
+  std::thread make0([&] { made0 = create_socket_transport(options_for(0, 2, store0), &t0); });
+  std::thread make1([&] { made1 = create_socket_transport(options_for(1, 2, store1), &t1); });
+  const std::string addr0 = published_address_of(store0, 0);
+  const std::string addr1 = published_address_of(store1, 1);
+  sock::SockAddr target;
+  REQUIRE(sock::parse_address(addr0, &target).ok());
+  testing::TcpRelay relay(target.get(), target.len);
+  REQUIRE(store0->set("addr/1", addr1).ok());
+  REQUIRE(store1->set("addrs", "127.0.0.1:" + std::to_string(relay.port()) + "\n" + addr1).ok());
+  make0.join();
+  make1.join();
+  INFO(made0.message() << " / " << made1.message());
+  REQUIRE(made0.ok());
+  REQUIRE(made1.ok());
+
+  // Rank 1 dials first (through the relay); rank 0's own dial, if any, loses to it (higher rank wins).
+  uint64_t out = 0x5EC12E7, in = 0;
+  RequestId send_id, recv_id;
+  REQUIRE(t1->isend(0, tag(1, 7), &out, sizeof out, &send_id).ok());
+  Status sent;
+  std::thread rank1([&] { sent = t1->wait(&send_id, 1); });
+  for (int i = 0; i < 1000 && relay.connections() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(relay.connections() > 0);
+  REQUIRE(t0->irecv(1, tag(1, 7), &in, sizeof in, &recv_id).ok());
+  Status received = t0->wait(&recv_id, 1);
+  rank1.join();
+  INFO(sent.message() << " / " << received.message());
+  REQUIRE(sent.ok());
+  REQUIRE(received.ok());
+  CHECK(in == out);
+
+  const std::string wire = relay.captured();
+  const uint64_t hello_magic = sock::kHelloMagic, proof_magic = sock::kProofMagic;
+  CHECK(wire.find(std::string(reinterpret_cast<const char*>(&hello_magic), 8)) != std::string::npos);
+  CHECK(wire.find(std::string(reinterpret_cast<const char*>(&proof_magic), 8)) != std::string::npos);
+  CHECK(wire.find(std::string(reinterpret_cast<const char*>(&out), sizeof out)) != std::string::npos);
+  CHECK(wire.find(kSecret) == std::string::npos);
 }
 
 TEST_CASE("setup times out naming the ranks that never published their address", "[socket]") {
@@ -207,12 +280,11 @@ TEST_CASE("garbage from an authenticated peer closes its connection, never crash
   std::vector<int> fake(static_cast<size_t>(nconns));
   for (int k = 0; k < nconns; ++k) {
     fake[static_cast<size_t>(k)] = connect_to(address);
-    std::string hello = hello_bytes(1, 2, k, nconns, kSecret);
-    REQUIRE(send_all(fake[static_cast<size_t>(k)], hello.data(), hello.size()));
-    sock::Reply reply{};
-    REQUIRE(recv_some(fake[static_cast<size_t>(k)], &reply, sizeof reply) == static_cast<ssize_t>(sizeof reply));
+    bool proved_back = false;
+    sock::Reply reply = handshake_by_hand(fake[static_cast<size_t>(k)], 1, 2, k, nconns, kSecret, &proved_back);
     // Both dialed: the higher rank's dial (this one) wins.
     REQUIRE(reply.code == static_cast<uint32_t>(sock::ReplyCode::kOk));
+    CHECK(proved_back);  // rank 0 proved the secret back
   }
 
   // A header whose part lies far outside its message.

@@ -20,6 +20,7 @@
 
 #include "log.h"
 #include "store/store.h"
+#include "support/tcp_relay.h"
 
 using namespace comm;
 using namespace std::chrono_literals;
@@ -308,6 +309,101 @@ TEST_CASE("tcp store: a client with the wrong auth token is refused, the right o
   }
   auto good = connect_client(port, "s3cret-token");
   check_round_trip(*good, "authorised");
+}
+
+// Issue 15: the token is proven, never sent. A real TCP relay between client and server records
+// every byte both ways (what anyone on the path sees); the token is not among them, the right
+// token still gets in, a wrong one is still refused clearly, and replaying a good client's
+// recorded bytes on a new connection does not get in.
+TEST_CASE("tcp store: COMM_AUTH_TOKEN never goes on the wire; a recorded handshake does not replay", "[store]") {
+  const std::string token = "relay-must-not-see-this-t0ken";
+  const std::string wrong = "another-t0ken-entirely";
+  auto server = start_server(token);
+  sockaddr_in target{};
+  target.sin_family = AF_INET;
+  target.sin_port = htons(static_cast<uint16_t>(tcp_store_port(*server)));
+  inet_pton(AF_INET, kLocal, &target.sin_addr);
+  testing::TcpRelay relay(reinterpret_cast<sockaddr*>(&target), sizeof target);
+  {
+    auto client = connect_client(relay.port(), token);
+    check_round_trip(*client, "through-the-relay");
+  }
+  {
+    CapturedStderr log;
+    std::shared_ptr<Store> intruder;
+    Status st = make_tcp_store(client_options(relay.port(), wrong), &intruder);
+    CHECK(st.code() == COMM_ERR_INVALID_USAGE);
+    CHECK_THAT(st.message(), Catch::Contains("refused") && Catch::Contains("COMM_AUTH_TOKEN"));
+    CHECK(log.wait_for("refused connection from 127.0.0.1:"));
+  }
+  const std::string wire = relay.captured();
+  CHECK(wire.find("value-of-through-the-relay") != std::string::npos);  // the relay carried it all
+  CHECK(wire.find(token) == std::string::npos);
+  CHECK(wire.find(wrong) == std::string::npos);
+
+  // The good client's first connection, replayed as is: the server's fresh nonce makes its proof
+  // worthless (on protocol 1 the replayed hello, token and all, got in).
+  const std::vector<std::string> streams = relay.client_streams();
+  REQUIRE(streams.size() >= 2);
+  CapturedStderr log;
+  int fd = raw_connect(tcp_store_port(*server));
+  REQUIRE(send(fd, streams[0].data(), streams[0].size(), MSG_NOSIGNAL) == static_cast<ssize_t>(streams[0].size()));
+  CHECK(closed_by_peer(fd));
+  close(fd);
+  CHECK(log.wait_for("refused connection from 127.0.0.1:"));
+}
+
+// Protocol 2 (the token proven, not sent) against protocol 1 (the token in the hello) either way:
+// a clear error naming the versions, never a hang or a misleading "wrong token".
+TEST_CASE("tcp store: a store protocol mismatch is a clear error on both sides", "[store]") {
+  SECTION("a protocol-1 client (its token in the hello) is told the server's version") {
+    auto server = start_server("s3cret-token");
+    CapturedStderr log;
+    int fd = raw_connect(tcp_store_port(*server));
+    std::string v1_hello = frame_header(0x434d5354, 1, 12, 4) + "s3cret-token" + std::string("\0\0\0\1", 4);
+    REQUIRE(send(fd, v1_hello.data(), v1_hello.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(v1_hello.size()));
+    char reply[12 + 64] = {};
+    pollfd p{fd, POLLIN, 0};
+    REQUIRE(poll(&p, 1, 3000) == 1);
+    ssize_t n = recv(fd, reply, sizeof reply, MSG_WAITALL);
+    REQUIRE(n >= 12);
+    CHECK(reply[4] == 2);  // kVersionMismatch
+    CHECK_THAT(std::string(reply + 12, static_cast<size_t>(n) - 12), Catch::Contains("store protocol version 2"));
+    close(fd);
+    CHECK(log.wait_for("it speaks store protocol 1, this server 2"));
+  }
+  SECTION("a server of another version: the client names both versions") {
+    // A one-shot fake server that answers any hello as protocol 1 answered a version it did not speak.
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    inet_pton(AF_INET, kLocal, &a.sin_addr);
+    REQUIRE(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(listen(lfd, 4) == 0);
+    socklen_t len = sizeof a;
+    getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+    std::thread fake([lfd] {
+      int c = accept(lfd, nullptr, nullptr);
+      if (c < 0) return;
+      char hello[64];
+      (void)recv(c, hello, sizeof hello, 0);
+      const std::string text = "store protocol version 1";
+      std::string answer = "CMST";
+      answer.push_back(2);  // kVersionMismatch
+      answer.append(3, '\0');
+      for (int s = 24; s >= 0; s -= 8) answer.push_back(static_cast<char>((text.size() >> s) & 0xff));
+      answer += text;
+      (void)send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+      close(c);
+    });
+    std::shared_ptr<Store> client;
+    Status st = make_tcp_store(client_options(ntohs(a.sin_port), "s3cret-token"), &client);
+    fake.join();
+    close(lfd);
+    CHECK(st.code() == COMM_ERR_INVALID_USAGE);
+    CHECK_THAT(st.message(), Catch::Contains("store protocol version 1") && Catch::Contains("version 2") &&
+                                 Catch::Contains("same libcomm"));
+  }
 }
 
 TEST_CASE("tcp store: a client sending garbage is dropped, others go on", "[store]") {

@@ -57,7 +57,7 @@ const std::vector<Param>& all() {
       {"COMM_IBVERBS_LIBRARY", Type::kString, "",
        "libibverbs to dlopen for the RDMA probe instead of libibverbs.so.1 (one that does not load: no RDMA ports)",
        nullptr},
-      {"COMM_AUTH_TOKEN", Type::kString, "", "peers without the same token are refused at rendezvous",
+      {"COMM_AUTH_TOKEN", Type::kString, "", "peers without the same token are refused at rendezvous (proven by challenge-response, never sent)",
        nullptr},
       {"COMM_TUNING_FILE", Type::kString, "", "tuning profile (JSON) written by comm-tune", nullptr},
       {"COMM_SOCKET_IFNAME", Type::kString, "",

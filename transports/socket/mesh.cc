@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "log.h"
@@ -34,7 +35,10 @@ struct Mesh::Outgoing {
   int peer = 0;
   int index = 0;
   SockAddr addr;
-  std::string hello;  // Hello + secret
+  std::string out;  // what goes next: the Hello, then the Proof
+  Nonce nonce{};     // this connection's client nonce, fresh per attempt
+  Nonce server_nonce{};  // from the acceptor's challenge
+  bool proved = false;  // the Proof went out: the next Reply is the verdict
   OutState state = OutState::kWaitRetry;
   Fd fd;
   bool unusable = false;  // the published address does not parse
@@ -43,6 +47,7 @@ struct Mesh::Outgoing {
   int refusals = 0;
   size_t sent = 0;
   Reply reply{};
+  uint8_t extra[kDigestBytes] = {};  // what follows the Reply (reply_extra_bytes)
   size_t got = 0;
   std::string last_error = "not tried yet";
 };
@@ -51,8 +56,10 @@ struct Mesh::Incoming {
   Fd fd;
   std::string remote;
   Hello hello{};
-  std::string secret;
-  size_t got = 0;  // bytes of Hello + secret received so far
+  Proof proof{};
+  Nonce server_nonce{};
+  bool challenged = false;  // the challenge went out: the Proof is being read
+  size_t got = 0;  // bytes of the Hello (then of the Proof) received so far
 };
 
 Mesh::Mesh(MeshConfig config) : c_(std::move(config)) {
@@ -191,10 +198,6 @@ void Mesh::want(int peer, int count) {
       o.last_error = "published an unreadable socket address '" + text + "'";
       o.unusable = true;
     }
-    Hello h{kHelloMagic, kProtocolVersion, c_.rank, c_.size, static_cast<uint32_t>(index),
-            static_cast<uint32_t>(c_.nconns), static_cast<uint32_t>(c_.secret.size())};
-    o.hello.assign(reinterpret_cast<const char*>(&h), sizeof h);
-    o.hello += c_.secret;
     COMM_INFO(kNet, "%s: connecting to rank %d (connection #%d) at %s, first needed now", me().c_str(), peer, index,
               text.c_str());
     outgoing_.push_back(std::move(o));
@@ -279,15 +282,14 @@ Status Mesh::accept_all() {
 
 Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
   for (;;) {
-    size_t want = sizeof(Hello) + (in.got >= sizeof(Hello) ? in.hello.secret_len : 0);
-    if (in.got == want) break;
-    char* dst;
-    if (in.got < sizeof(Hello)) {
-      dst = reinterpret_cast<char*>(&in.hello) + in.got;
-    } else {
-      in.secret.resize(in.hello.secret_len);
-      dst = in.secret.data() + (in.got - sizeof(Hello));
+    // First the Hello, then (after the challenge) the Proof.
+    const size_t want = in.challenged ? sizeof(Proof) : sizeof(Hello);
+    if (in.got == want) {
+      if (in.challenged) return validate(in, done);
+      if (!challenge(in)) return Status::Ok();
+      continue;
     }
+    char* dst = (in.challenged ? reinterpret_cast<char*>(&in.proof) : reinterpret_cast<char*>(&in.hello)) + in.got;
     ssize_t n = ::recv(in.fd.get(), dst, want - in.got, MSG_DONTWAIT);
     if (n == 0) {
       // Quiet: a dial that lost to the peer's own (see validate) ends this way.
@@ -300,29 +302,49 @@ Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
       return Status::Ok();
     }
     in.got += static_cast<size_t>(n);
+    if (in.challenged) continue;
     if (in.got >= sizeof(uint64_t) && in.hello.magic != kHelloMagic) {
       drop(in, "sent garbage (bad handshake magic; not a libcomm peer?)");
       return Status::Ok();
     }
-    if (in.got == sizeof(Hello)) {
-      const std::string problem = hello_problem(in.hello);
-      if (!problem.empty()) {
-        // A peer of another version is told ours, so its message can say which.
-        if (in.hello.version != kProtocolVersion)
-          reply(in, static_cast<uint32_t>(ReplyCode::kBadVersion), kProtocolVersion);
-        drop(in, problem);
-        return Status::Ok();
-      }
+    // The version as soon as it arrives: an older peer's Hello may be shorter than ours.
+    if (in.got >= offsetof(Hello, rank) && in.hello.version != kProtocolVersion) {
+      // A peer of another version is told ours, so its message can say which.
+      reply(in, static_cast<uint32_t>(ReplyCode::kBadVersion), kProtocolVersion);
+      drop(in, hello_problem(in.hello));
+      return Status::Ok();
     }
   }
-  return validate(in, done);
+}
+
+bool Mesh::challenge(Incoming& in) {
+  const std::string problem = hello_problem(in.hello);
+  if (!problem.empty()) {
+    drop(in, problem);
+    return false;
+  }
+  Status st = random_nonce(&in.server_nonce);
+  if (!st.ok()) {
+    drop(in, st.message());
+    return false;
+  }
+  if (!reply(in, static_cast<uint32_t>(ReplyCode::kChallenge), 0, in.server_nonce.data(), in.server_nonce.size())) {
+    drop(in, "could not be sent the handshake challenge: " + errno_string(errno));
+    return false;
+  }
+  in.challenged = true;
+  in.got = 0;
+  return true;
 }
 
 Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
   const Hello& h = in.hello;
-  if (!posix::constant_time_equal(std::string_view(in.secret.data(), in.secret.size()), c_.secret)) {
+  Nonce client_nonce;
+  std::memcpy(client_nonce.data(), h.nonce, client_nonce.size());
+  if (in.proof.magic != kProofMagic ||
+      !check_proof(c_.secret, kProofContext, Prover::kClient, client_nonce, in.server_nonce, in.proof.proof)) {
     reply(in, static_cast<uint32_t>(ReplyCode::kBadSecret), 0);
-    drop(in, "presented a wrong job secret (claimed rank " + std::to_string(h.rank) + ")");
+    drop(in, "could not prove it holds this job's secret (claimed rank " + std::to_string(h.rank) + ")");
     return Status::Ok();
   }
   // From here on the peer holds this job's secret: a disagreement is the job's misconfiguration.
@@ -364,7 +386,9 @@ Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
     o.fd.reset();  // the peer's dial wins: ours is abandoned
     o.state = OutState::kDone;
   }
-  if (!reply(in, static_cast<uint32_t>(ReplyCode::kOk), 0)) {
+  // The acceptor's own proof goes with the kOk: the connector checks it (on_outgoing).
+  const Digest mine = proof_of_secret(c_.secret, kProofContext, Prover::kServer, client_nonce, in.server_nonce);
+  if (!reply(in, static_cast<uint32_t>(ReplyCode::kOk), 0, mine.data(), mine.size())) {
     drop(in, "could not be sent the handshake reply: " + errno_string(errno));
     return Status::Ok();
   }
@@ -376,7 +400,6 @@ Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
   return Status::Ok();
 }
 
-// The socket is fresh and its send buffer empty: 16 bytes go out at once or not at all.
 void Mesh::stop_listening() {
   listener_.reset();
   incoming_.clear();
@@ -389,9 +412,14 @@ std::string Mesh::why_not_connected(int peer) const {
   return "it never dialed this rank";
 }
 
-bool Mesh::reply(Incoming& in, uint32_t code, uint32_t value) {
+// The socket is fresh and its send buffer empty (the connector waits for each answer before it
+// sends again): at most 48 bytes go out at once or not at all.
+bool Mesh::reply(Incoming& in, uint32_t code, uint32_t value, const uint8_t* extra, size_t extra_bytes) {
   Reply r{kReplyMagic, code, value};
-  return ::send(in.fd.get(), &r, sizeof r, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof r);
+  std::string bytes(reinterpret_cast<const char*>(&r), sizeof r);
+  bytes.append(reinterpret_cast<const char*>(extra), extra_bytes);
+  return ::send(in.fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(bytes.size());
 }
 
 void Mesh::drop(Incoming& in, const std::string& why, bool quiet) {
@@ -411,6 +439,14 @@ Status Mesh::start_connect(Outgoing& o) {
     retry(o, "socket(): " + errno_string(errno));
     return Status::Ok();
   }
+  // A fresh nonce per attempt: no two handshakes of this rank are alike.
+  Status st = random_nonce(&o.nonce);
+  if (!st.ok()) return st.prefixed(me() + ": socket transport: ");
+  Hello h{kHelloMagic, kProtocolVersion, c_.rank, c_.size, static_cast<uint32_t>(o.index),
+          static_cast<uint32_t>(c_.nconns), 0, {}};
+  std::memcpy(h.nonce, o.nonce.data(), sizeof h.nonce);
+  o.out.assign(reinterpret_cast<const char*>(&h), sizeof h);
+  o.proved = false;
   o.sent = 0;
   o.got = 0;
   if (::connect(o.fd.get(), o.addr.get(), o.addr.len) == 0) {
@@ -441,8 +477,8 @@ Status Mesh::on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<M
     o.state = OutState::kSendHello;
   }
   if (o.state == OutState::kSendHello) {
-    while (o.sent < o.hello.size()) {
-      ssize_t n = ::send(o.fd.get(), o.hello.data() + o.sent, o.hello.size() - o.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (o.sent < o.out.size()) {
+      ssize_t n = ::send(o.fd.get(), o.out.data() + o.sent, o.out.size() - o.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) retry(o, "sending the handshake: " + errno_string(errno));
@@ -455,8 +491,14 @@ Status Mesh::on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<M
     return Status::Ok();
   }
   if (o.state != OutState::kAwaitReply) return Status::Ok();
-  while (o.got < sizeof o.reply) {
-    ssize_t n = ::recv(o.fd.get(), reinterpret_cast<char*>(&o.reply) + o.got, sizeof o.reply - o.got, MSG_DONTWAIT);
+  for (;;) {
+    // The Reply, then what its code says follows it (reply_extra_bytes).
+    const size_t want = sizeof o.reply + (o.got >= sizeof o.reply ? reply_extra_bytes(o.reply.code) : 0);
+    if (o.got == want) break;
+    char* dst = o.got < sizeof o.reply ? reinterpret_cast<char*>(&o.reply) + o.got
+                                       : reinterpret_cast<char*>(o.extra) + (o.got - sizeof o.reply);
+    const size_t room = o.got < sizeof o.reply ? sizeof o.reply - o.got : want - o.got;
+    ssize_t n = ::recv(o.fd.get(), dst, room, MSG_DONTWAIT);
     if (n == 0) {
       // Shed under load, or the peer is restarting: try again until the deadline.
       retry(o, "the peer closed the connection during the handshake");
@@ -473,6 +515,21 @@ Status Mesh::on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<M
     retry(o, "the listener is not a libcomm peer (bad reply magic)");
     return Status::Ok();
   }
+  if (o.reply.code == static_cast<uint32_t>(ReplyCode::kChallenge) && !o.proved) {
+    // Prove the secret over both nonces, then wait for the verdict.
+    Nonce server_nonce;
+    std::memcpy(server_nonce.data(), o.extra, server_nonce.size());
+    Proof p{kProofMagic, {}};
+    const Digest mine = proof_of_secret(c_.secret, kProofContext, Prover::kClient, o.nonce, server_nonce);
+    std::memcpy(p.proof, mine.data(), sizeof p.proof);
+    std::memcpy(o.server_nonce.data(), server_nonce.data(), server_nonce.size());
+    o.out.assign(reinterpret_cast<const char*>(&p), sizeof p);
+    o.sent = 0;
+    o.got = 0;
+    o.proved = true;
+    o.state = OutState::kSendHello;
+    return Status::Ok();
+  }
   if (o.reply.code == static_cast<uint32_t>(ReplyCode::kYield) ||
       (o.reply.code == static_cast<uint32_t>(ReplyCode::kDuplicate) && linked_[slot(o.peer, o.index)] == kLinked)) {
     // The peer's own dial wins (or already won): it arrives through the listener.
@@ -481,7 +538,11 @@ Status Mesh::on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<M
     o.state = OutState::kDone;
     return Status::Ok();
   }
-  if (o.reply.code != static_cast<uint32_t>(ReplyCode::kOk)) return refused(o);
+  if (o.reply.code != static_cast<uint32_t>(ReplyCode::kOk) || !o.proved) return refused(o);
+  if (!check_proof(c_.secret, kProofContext, Prover::kServer, o.nonce, o.server_nonce, o.extra))
+    return SystemError(me() + ": rank " + std::to_string(o.peer) + " at " + where +
+                       " accepted this rank's connection but could not prove it holds this job's secret (is the "
+                       "address in the store left over from another job, or is someone else listening there?)");
   set_nodelay(o.fd.get());
   linked_[slot(o.peer, o.index)] = kLinked;
   ++connected_;

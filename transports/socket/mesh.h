@@ -2,8 +2,9 @@
 // "Connections"). Every rank listens for the job's life and publishes "addr/<rank>"; rank 0
 // gathers the addresses into one table ("addrs") that every rank reads once, so the store
 // answers n reads, not n^2. A rank that needs a peer dials its `nconns` connections; each
-// connection presents {magic, version, secret, rank, index} and the acceptor checks it and
-// replies. Both ranks of a pair may dial at once: per connection index the dial of the
+// connection presents {magic, version, rank, index}, proves the job secret by
+// challenge-response (socket/wire.h, crypto/proof.h: the secret never goes on the wire), and
+// the acceptor checks it all, proves the secret back and replies. Both ranks of a pair may dial at once: per connection index the dial of the
 // higher rank wins (the lower one is answered kYield and waits for the higher one's dial),
 // so exactly one connection per index survives and neither side waits for the other.
 // Strangers and garbage are dropped with a log line. COMM_SOCKET_EAGER=1 connects every
@@ -89,7 +90,8 @@ class Mesh {
   Status accept_all();
   Status on_incoming(Incoming& in, std::vector<MeshLink>* done);
   Status validate(Incoming& in, std::vector<MeshLink>* done);
-  bool reply(Incoming& in, uint32_t code, uint32_t value);
+  bool challenge(Incoming& in);
+  bool reply(Incoming& in, uint32_t code, uint32_t value, const uint8_t* extra = nullptr, size_t extra_bytes = 0);
   void drop(Incoming& in, const std::string& why, bool quiet = false);
   Status start_connect(Outgoing& o);
   Status on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<MeshFailure>* failed);

@@ -34,7 +34,7 @@ std::string hello_problem(const Hello& h) {
   if (h.version != kProtocolVersion)
     return "speaks wire protocol version " + std::to_string(h.version) + ", this rank " +
            std::to_string(kProtocolVersion);
-  if (h.secret_len > kMaxSecretBytes) return "sent garbage (secret length " + std::to_string(h.secret_len) + ")";
+  if (h.reserved != 0) return "sent garbage (reserved handshake field " + std::to_string(h.reserved) + ")";
   return "";
 }
 

@@ -7,16 +7,27 @@
 #include <cstdint>
 #include <string>
 
+#include "crypto/proof.h"
+
 namespace comm::transport::sock {
 
-// ---- handshake: connector -> acceptor: Hello + secret bytes; acceptor -> connector: Reply.
+// ---- handshake (crypto/proof.h; the secret never goes on the wire):
+//   connector -> acceptor: Hello, with a fresh client nonce
+//   acceptor -> connector: Reply kChallenge, then kNonceBytes of server nonce
+//   connector -> acceptor: Proof, the connector's proof of the job secret
+//   acceptor -> connector: Reply kOk, then kDigestBytes of the acceptor's proof; or a refusal.
+// A Hello of another version is answered by a bare Reply kBadVersion, as every version did.
 constexpr uint64_t kHelloMagic = 0x4b53434d4d4f4331ull;  // "1COMMCSK"
 constexpr uint64_t kReplyMagic = 0x4b43414d4d4f4331ull;  // "1COMMACK"
+constexpr uint64_t kProofMagic = 0x4652504d4d4f4331ull;  // "1COMMPRF"
 // 2: connections are made on first use, from either side (kYield).
 // 3: HEARTBEAT and GOODBYE frames (idle detection).
-constexpr uint32_t kProtocolVersion = 3;
-constexpr uint32_t kMaxSecretBytes = 1024;
+// 4: the job secret proven by challenge-response (kChallenge, Proof), never sent.
+constexpr uint32_t kProtocolVersion = 4;
+// Binds the socket transport's proofs to this protocol (proof_of_secret's context).
+constexpr const char* kProofContext = "libcomm socket";
 
+// magic and version where every version had them: a peer of another version is told so.
 struct Hello {
   uint64_t magic;
   uint32_t version;
@@ -24,9 +35,16 @@ struct Hello {
   int32_t size;  // its world size
   uint32_t conn_index;
   uint32_t nconns;
-  uint32_t secret_len;  // followed by this many secret bytes
+  uint32_t reserved;  // 0
+  uint8_t nonce[kNonceBytes];  // the connector's
 };
-static_assert(sizeof(Hello) == 32);
+static_assert(sizeof(Hello) == 48);
+
+struct Proof {
+  uint64_t magic;  // kProofMagic
+  uint8_t proof[kDigestBytes];
+};
+static_assert(sizeof(Proof) == 40);
 
 enum class ReplyCode : uint32_t {
   kOk = 0,
@@ -37,6 +55,7 @@ enum class ReplyCode : uint32_t {
   kNconnsMismatch = 5,
   kDuplicate = 6,
   kYield = 7,  // both ranks dialed this connection: the acceptor's (higher rank's) dial wins
+  kChallenge = 8,  // followed by the server nonce; the connector answers with its Proof
 };
 
 struct Reply {
@@ -45,6 +64,12 @@ struct Reply {
   uint32_t value;  // kSizeMismatch / kNconnsMismatch: the acceptor's value
 };
 static_assert(sizeof(Reply) == 16);
+// Bytes that follow a Reply of this code: the server nonce (kChallenge), the acceptor's proof (kOk).
+inline size_t reply_extra_bytes(uint32_t code) {
+  if (code == static_cast<uint32_t>(ReplyCode::kChallenge)) return kNonceBytes;
+  if (code == static_cast<uint32_t>(ReplyCode::kOk)) return kDigestBytes;
+  return 0;
+}
 
 // ---- frames: header, then `length` payload bytes.
 constexpr uint32_t kFrameMagic = 0x314d5246u;  // "FRM1"
@@ -75,7 +100,7 @@ static_assert(sizeof(FrameHeader) == 56);
 // Accepted: a known kind; ERROR: text of at most kMaxErrorText bytes; HEARTBEAT and GOODBYE:
 // no payload; DATA: a known collective, and [offset, offset + length) inside total_bytes.
 std::string frame_problem(const FrameHeader& h);
-// The acceptor's checks of a whole Hello before it reads the secret: magic, version, secret length.
+// The acceptor's checks of a whole Hello before it sends its challenge: magic, version, reserved.
 std::string hello_problem(const Hello& h);
 
 // ---- striping: a function of the message size (and the connection count every rank agreed

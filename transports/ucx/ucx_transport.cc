@@ -47,7 +47,9 @@ bool unhex(const std::string& text, std::vector<unsigned char>* out) {
   return true;
 }
 
-// FNV-1a of the job secret: every header carries it, so bytes from outside the job are refused.
+// FNV-1a of the job secret: every header carries it, so a stray sender from another job is
+// refused. Sent in clear, it is no secret and proves nothing to someone who reads the wire
+// (transports/ucx/README.md).
 uint64_t job_key(const std::string& secret) {
   return fnv1a(secret) | 1;
 }

@@ -1,5 +1,6 @@
 // The TCP store as ranks other than 0 see it: a client that connects with retry and
-// backoff, presents the job's auth token, and bounds every request by a deadline.
+// backoff, proves the job's auth token (without sending it), and bounds every request by a
+// deadline.
 //
 // Each request takes an idle connection from a small pool (or opens one), so threads that
 // share this store never wait behind each other's blocking get. A connection whose request
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -88,6 +90,7 @@ class Client final : public Store {
       case Op::kGet: return "get";
       case Op::kAdd: return "add";
       case Op::kHello: return "hello";
+      case Op::kProof: return "proof";
     }
     return "?";
   }
@@ -267,34 +270,82 @@ class Client final : public Store {
     return Status::Ok();
   }
 
+  // The hello, and with an auth token the challenge-response that proves it both ways without
+  // sending it (tcp_store_wire.h, crypto/proof.h).
   Status handshake(int fd, Deadline deadline, bool* final) {
-    std::string version;
-    put_u32(&version, kProtocolVersion);
-    int err = 0;
-    Io io = send_all(fd, encode_request(Op::kHello, options_.auth_token, version), deadline, &err);
-    if (io == Io::kOk) {
-      char header[kResponseHeaderBytes];
-      io = recv_exact(fd, header, sizeof header, deadline, &err);
-      if (io == Io::kOk) {
-        if (get_u32(header) != kMagic) {
-          *final = true;
-          return SystemError("the service at " + where_ +
-                             " is not a libcomm store (malformed reply to the hello); check MASTER_PORT");
-        }
-        auto reply = static_cast<Reply>(static_cast<uint8_t>(header[4]));
-        if (reply == Reply::kOk && get_u32(header + 8) == 0) return Status::Ok();
+    const std::string& token = options_.auth_token;
+    Nonce mine{};
+    if (!token.empty()) {
+      Status st = random_nonce(&mine);
+      if (!st.ok()) {
         *final = true;
-        if (reply == Reply::kAuthRefused)
-          return InvalidUsage("the store at " + where_ +
-                              " refused this process's auth token; set the same COMM_AUTH_TOKEN on every rank "
-                              "of the job");
-        if (reply == Reply::kVersionMismatch)
-          return InvalidUsage("the store at " + where_ +
-                              " speaks another store protocol version; run the same libcomm on every rank");
-        return SystemError("the store at " + where_ + " answered the hello with reply " +
-                           std::to_string(static_cast<int>(reply)));
+        return st.prefixed("store hello: ");
       }
     }
+    std::string version;
+    put_u32(&version, kProtocolVersion);
+    const std::string nonce = token.empty() ? "" : std::string(reinterpret_cast<const char*>(mine.data()), mine.size());
+    Reply reply = Reply::kError;
+    std::string body;
+    COMM_RETURN_IF_ERROR(exchange(fd, encode_request(Op::kHello, nonce, version), deadline, final, &reply, &body));
+    Nonce theirs{};
+    if (reply == Reply::kChallenge && !token.empty() && body.size() == kNonceBytes) {
+      std::memcpy(theirs.data(), body.data(), theirs.size());
+      const Digest proof = proof_of_secret(token, kProofContext, Prover::kClient, mine, theirs);
+      COMM_RETURN_IF_ERROR(exchange(fd, encode_request(Op::kProof, "", std::string(proof.begin(), proof.end())),
+                                    deadline, final, &reply, &body));
+      if (reply == Reply::kOk) {
+        *final = true;
+        if (body.size() != kDigestBytes ||
+            !check_proof(token, kProofContext, Prover::kServer, mine, theirs,
+                         reinterpret_cast<const uint8_t*>(body.data())))
+          return InvalidUsage("the store at " + where_ +
+                              " accepted this process's proof of COMM_AUTH_TOKEN but could not prove the token "
+                              "itself: it is not this job's store; check MASTER_ADDR/MASTER_PORT and set the same "
+                              "COMM_AUTH_TOKEN on every rank");
+        return Status::Ok();
+      }
+    } else if (reply == Reply::kOk && body.empty()) {
+      if (token.empty()) return Status::Ok();
+      *final = true;
+      return InvalidUsage("the store at " + where_ +
+                          " runs without COMM_AUTH_TOKEN, so it cannot prove it is this job's store, and this "
+                          "process has a token; set the same COMM_AUTH_TOKEN on every rank of the job");
+    }
+    *final = true;
+    if (reply == Reply::kAuthRefused)
+      return InvalidUsage("the store at " + where_ +
+                          " refused this process's auth token; set the same COMM_AUTH_TOKEN on every rank "
+                          "of the job");
+    if (reply == Reply::kVersionMismatch)
+      return InvalidUsage("the store at " + where_ + " speaks another store protocol version (its answer: " + body +
+                          "; this process: version " + std::to_string(kProtocolVersion) +
+                          "); run the same libcomm on every rank");
+    return SystemError("the store at " + where_ + " answered the hello with reply " +
+                       std::to_string(static_cast<int>(reply)) + " and " + std::to_string(body.size()) +
+                       " bytes (is MASTER_PORT the port of a libcomm store?)");
+  }
+
+  // Sends one handshake frame and reads the answer. Errors are the hello's: a malformed answer is
+  // final, a timeout or a close is retried by connect().
+  Status exchange(int fd, const std::string& frame, Deadline deadline, bool* final, Reply* reply, std::string* body) {
+    constexpr size_t kMaxHandshakeReply = 4096;
+    int err = 0;
+    Io io = send_all(fd, frame, deadline, &err);
+    char header[kResponseHeaderBytes];
+    if (io == Io::kOk) io = recv_exact(fd, header, sizeof header, deadline, &err);
+    if (io == Io::kOk) {
+      const uint32_t len = get_u32(header + 8);
+      if (get_u32(header) != kMagic || len > kMaxHandshakeReply) {
+        *final = true;
+        return SystemError("the service at " + where_ +
+                           " is not a libcomm store (malformed reply to the hello); check MASTER_PORT");
+      }
+      body->assign(len, '\0');
+      io = recv_exact(fd, body->data(), len, deadline, &err);
+      *reply = static_cast<Reply>(static_cast<uint8_t>(header[4]));
+    }
+    if (io == Io::kOk) return Status::Ok();
     if (io == Io::kTimeout) return Timeout("connected, but no answer to the hello");
     if (io == Io::kClosed) return SystemError("connected, but the peer closed the connection during the hello");
     return SystemError("hello: " + errno_string(err));

@@ -5,8 +5,9 @@
 // sets the key; nothing busy-polls. A connection that sends anything but well-formed frames
 // is dropped with a warning naming the peer; the server goes on serving the others.
 //
-// Before its hello a connection is a stranger: it may send only a hello (a few KiB, read no
-// further than that), within TcpStoreOptions::hello_timeout_ms, and only
+// Before its hello is accepted a connection is a stranger: it may send only a hello and, when
+// the job has an auth token, the proof that answers the server's challenge (tcp_store_wire.h;
+// a few KiB, read no further than that), within TcpStoreOptions::hello_timeout_ms, and only
 // max_unauthenticated strangers are kept (the oldest goes for a new one). Otherwise anyone
 // who reaches the port could make rank 0 buffer 64 MiB per connection, or hold its
 // descriptors until accept() fails and the job dies.
@@ -39,7 +40,9 @@ namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kReadBudgetPerWake = size_t{4} << 20;  // fairness between busy clients
-constexpr size_t kMaxHelloBytes = kRequestHeaderBytes + kMaxKeyBytes + 4;  // the token, the version
+// The largest frame a stranger may send: protocol 1's hello, whose key was the token, so that its
+// clients are told their version is wrong instead of being dropped. Larger than a hello or a proof.
+constexpr size_t kMaxHelloBytes = kRequestHeaderBytes + kMaxKeyBytes + 4;
 // Descriptors rank 0 keeps for everything but the store (its transports, files, libraries).
 constexpr size_t kReservedFds = 64;
 
@@ -60,7 +63,10 @@ struct Conn {
   size_t in_done = 0;
   std::string out;  // to send (from out_done on)
   size_t out_done = 0;
-  bool greeted = false;  // hello accepted
+  bool greeted = false;  // hello accepted (and with a token, the client's proof checked)
+  bool challenged = false;  // kChallenge sent: the proof may come
+  Nonce client_nonce{};
+  Nonce server_nonce{};
   Clock::time_point hello_by{};  // dropped when not greeted by then
   bool parked = false;   // a get waits for parked_key
   std::string parked_key;
@@ -387,7 +393,8 @@ class Server final : public Store {
       std::string why = check_request_header(p, &h);
       if (!why.empty()) return drop(c, why);
       // Before the body is buffered: a stranger's only allowed frame is its hello.
-      if (!c.greeted && h.op != Op::kHello) return drop(c, "sent a request before the hello");
+      if (!c.greeted && h.op != Op::kHello && !(c.challenged && h.op == Op::kProof))
+        return drop(c, "sent a request before the hello");
       size_t total = kRequestHeaderBytes + h.key_len + h.value_len;
       if (avail < total) break;
       std::string key(p + kRequestHeaderBytes, h.key_len);
@@ -403,6 +410,7 @@ class Server final : public Store {
 
   void handle_request(Conn& c, Op op, const std::string& key, const std::string& value) {
     if (op == Op::kHello) return hello(c, key, get_u32(value.data()));
+    if (op == Op::kProof) return proof(c, value);
     if (!c.greeted) return drop(c, "sent a request before the hello");
     switch (op) {
       case Op::kSet:
@@ -426,12 +434,13 @@ class Server final : public Store {
         return reply(c, Reply::kOk, payload);
       }
       case Op::kHello:
+      case Op::kProof:
         break;
     }
   }
 
-  void hello(Conn& c, const std::string& token, uint32_t version) {
-    if (c.greeted) return drop(c, "sent a second hello");
+  void hello(Conn& c, const std::string& nonce, uint32_t version) {
+    if (c.greeted || c.challenged) return drop(c, "sent a second hello");
     if (version != kProtocolVersion) {
       COMM_WARN(kStore,
                 "store server %s: refused connection from %s: it speaks store protocol %u, this server %u "
@@ -442,17 +451,41 @@ class Server final : public Store {
       c.dead = true;
       return;
     }
-    if (!token_.empty() && !posix::constant_time_equal(token, token_)) {
-      COMM_WARN(kStore,
-                "store server %s: refused connection from %s: it did not present this job's COMM_AUTH_TOKEN",
-                where_.c_str(), c.peer.c_str());
-      reply(c, Reply::kAuthRefused, "");
-      flush(c);
-      c.dead = true;
-      return;
+    if (nonce.size() != 0 && nonce.size() != kNonceBytes)
+      return drop(c, "its hello carries a " + std::to_string(nonce.size()) + "-byte nonce, not 0 or " +
+                         std::to_string(kNonceBytes));
+    if (token_.empty()) {
+      // No token, nothing to prove; a client with one gives up on its own (tcp_store.cc).
+      c.greeted = true;
+      return reply(c, Reply::kOk, "");
     }
+    if (nonce.empty()) return refuse(c, "it presented no COMM_AUTH_TOKEN (a rank started without the job's token?)");
+    Status st = random_nonce(&c.server_nonce);
+    if (!st.ok()) return drop(c, st.message());
+    std::memcpy(c.client_nonce.data(), nonce.data(), kNonceBytes);
+    c.challenged = true;
+    reply(c, Reply::kChallenge,
+          std::string_view(reinterpret_cast<const char*>(c.server_nonce.data()), c.server_nonce.size()));
+  }
+
+  // The answer to the challenge: the client proved the token first, so a stranger never gets a
+  // value computed with it.
+  void proof(Conn& c, const std::string& presented) {
+    if (c.greeted || !c.challenged) return drop(c, "sent a proof it was not asked for");
+    if (!check_proof(token_, kProofContext, Prover::kClient, c.client_nonce, c.server_nonce,
+                     reinterpret_cast<const uint8_t*>(presented.data())))
+      return refuse(c, "its proof of COMM_AUTH_TOKEN is wrong (a rank with another token, or not a rank of this job)");
     c.greeted = true;
-    reply(c, Reply::kOk, "");
+    const Digest mine = proof_of_secret(token_, kProofContext, Prover::kServer, c.client_nonce, c.server_nonce);
+    reply(c, Reply::kOk, std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size()));
+  }
+
+  void refuse(Conn& c, const std::string& why) {
+    COMM_WARN(kStore, "store server %s: refused connection from %s: %s", where_.c_str(),
+              c.peer.c_str(), why.c_str());
+    reply(c, Reply::kAuthRefused, "");
+    flush(c);
+    c.dead = true;
   }
 
   // Answers parked gets whose key now exists; answering may run further requests of that

@@ -60,7 +60,7 @@ std::string check_request_header(const char* p, RequestHeader* out) {
     return text;
   }
   auto op = static_cast<uint8_t>(p[4]);
-  if (op < static_cast<uint8_t>(Op::kHello) || op > static_cast<uint8_t>(Op::kAdd))
+  if (op < static_cast<uint8_t>(Op::kHello) || op > static_cast<uint8_t>(Op::kProof))
     return "unknown operation " + std::to_string(op);
   out->op = static_cast<Op>(op);
   out->key_len = get_u32(p + 8);
@@ -73,6 +73,13 @@ std::string check_request_header(const char* p, RequestHeader* out) {
   switch (out->op) {
     case Op::kHello:
       if (out->value_len != 4) return "hello carries " + std::to_string(out->value_len) + " version bytes, not 4";
+      // The nonce's length is checked after the version (tcp_store_server.cc): protocol 1 sent
+      // its token here, and its clients are told their version is wrong.
+      break;
+    case Op::kProof:
+      if (out->key_len != 0 || out->value_len != kDigestBytes)
+        return "proof carries " + std::to_string(out->key_len) + " + " + std::to_string(out->value_len) +
+               " bytes, not 0 + " + std::to_string(kDigestBytes);
       break;
     case Op::kGet:
       if (out->value_len != 0) return "get carries a value";

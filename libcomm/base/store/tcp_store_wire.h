@@ -7,8 +7,15 @@
 //   request:  u32 magic | u8 op | u8 0 | u16 0 | u32 key_len | u32 value_len | key | value
 //   response: u32 magic | u8 reply | u8 0 | u16 0 | u32 payload_len | payload
 //
-// The first request on a connection is kHello (key = the auth token, value = u32 protocol
-// version); the server answers kOk, kAuthRefused or kVersionMismatch.
+// The first request on a connection is kHello: value = u32 protocol version; key = empty, or
+// when the client has an auth token (COMM_AUTH_TOKEN) a fresh client nonce. The token itself
+// never goes on the wire (crypto/proof.h):
+//   - version differs: kVersionMismatch (payload: the server's version), closed;
+//   - the server has no token: kOk, and the client with a token gives up (nobody proved it);
+//   - the server has a token, the hello no nonce: kAuthRefused, closed;
+//   - else kChallenge (payload: the server nonce); the client sends kProof (value: its proof,
+//     32 bytes) and the server answers kOk (payload: its own proof) or kAuthRefused, closed.
+// Until kOk a connection may send only these hello-sized frames.
 #pragma once
 
 #include <sys/socket.h>
@@ -20,6 +27,7 @@
 #include <string>
 #include <string_view>
 
+#include "crypto/proof.h"
 #include "deadline.h"
 #include "posix/fd.h"
 #include "posix/net_util.h"
@@ -29,14 +37,18 @@
 namespace comm::tcp_store {
 
 inline constexpr uint32_t kMagic = 0x434d5354;  // "CMST"
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: the token proven by challenge-response (kChallenge, kProof), never sent.
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kMaxKeyBytes = 4096;
 inline constexpr size_t kMaxValueBytes = size_t{64} << 20;
 inline constexpr size_t kRequestHeaderBytes = 16;
 inline constexpr size_t kResponseHeaderBytes = 12;
 
-enum class Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4 };
-enum class Reply : uint8_t { kOk = 0, kAuthRefused = 1, kVersionMismatch = 2, kError = 3 };
+enum class Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kProof = 5 };
+enum class Reply : uint8_t { kOk = 0, kAuthRefused = 1, kVersionMismatch = 2, kError = 3, kChallenge = 4 };
+
+// Binds the store's proofs to this protocol (proof_of_secret's context).
+inline constexpr std::string_view kProofContext = "libcomm store";
 
 struct RequestHeader {
   Op op = Op::kHello;
