@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -24,6 +25,7 @@
 #include "process_plan.h"
 #include "registry.h"
 #include "tuning/nccl_settings.h"
+#include "verdict_tree.h"
 #include "version.h"
 
 namespace comm {
@@ -307,6 +309,22 @@ std::string local_transport_unavailable(const std::string& forced, const std::ve
   return "";
 }
 
+// COMM_TEST_INIT_TREE=ACTION:RANK, a test hook (tests/test_init_tree.sh): that rank's verdict
+// server answers with one byte flipped ("corrupt") or never ("stall"), or the rank exits
+// right after its init contribution ("exit"; checked in agree). "" for every other rank.
+Status test_tree_hook(int rank, std::string* action) {
+  action->clear();
+  std::string text;
+  COMM_RETURN_IF_ERROR(params::get_string("COMM_TEST_INIT_TREE", &text));
+  if (text.empty()) return Status::Ok();
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos || text.substr(colon + 1).find_first_not_of("0123456789") != std::string::npos ||
+      colon + 1 == text.size())
+    return InvalidArgument("COMM_TEST_INIT_TREE='" + text + "': expected corrupt:RANK, stall:RANK or exit:RANK");
+  if (std::stoi(text.substr(colon + 1)) == rank) *action = text.substr(0, colon);
+  return Status::Ok();
+}
+
 // What agree() learns besides the secret.
 struct Agreed {
   bool all_local = false;
@@ -315,20 +333,75 @@ struct Agreed {
   std::vector<std::string> hosts;      // every rank's host for comm_shrink ("" unknown)
 };
 
+// How this rank takes part in the verdict's tree (verdict_tree.h): off for stores that are not
+// rank 0's server (memory://, file://) and for two ranks.
+struct TreeRole {
+  bool on = false;
+  VerdictServer* server = nullptr;  // this rank serves its children (null: it has none, or cannot listen)
+};
+
+// The time a child gives its parent to answer before it reads the store (docs/design.md, "Hot
+// keys"): a dead or stalled parent costs its children this, never their init.
+int tree_slice_ms(int timeout_ms) { return std::clamp(timeout_ms / 8, 1000, 10000); }
+
+// A rank other than 0 gets the verdict: from its parent in the tree when it can, else (and for
+// children of rank 0, which serves the store anyway) from the store. The read receipt goes to
+// the store either way, so rank 0's "every rank has read it" stays exact.
+Status read_verdict(Store& store, int rank, const CommSettings& s, const TreeRole& tree, const std::string& my_host,
+                    Deadline deadline, std::string* verdict) {
+  const int parent = tree_parent(rank);
+  if (tree.on && parent != 0) {
+    std::string digest;
+    if (!store.get("init/digest", &digest, deadline).ok())
+      return Timeout("rank 0 did not finish the init check within " + std::to_string(s.timeout_ms) + " ms");
+    const Deadline slice = Deadline::after_ms(tree_slice_ms(s.timeout_ms));
+    std::string served;
+    Status st = store.get("init/tree/" + std::to_string(parent), &served, slice);
+    if (st.ok()) {
+      const size_t sep = served.find(kSep);
+      const bool same_host = sep != std::string::npos && served.substr(sep + 1) == my_host;
+      st = fetch_verdict(served.substr(0, sep), same_host, digest, slice, verdict);
+    }
+    if (st.ok()) {
+      COMM_INFO(kInit, "rank %d: init verdict from parent rank %d (digest checked)", rank, parent);
+      (void)confirm_read(store, "init/verdict", rank);
+      return Status::Ok();
+    }
+    COMM_INFO(kInit, "rank %d: the init verdict from parent rank %d failed (%s); reading it from the store", rank,
+              parent, st.message().c_str());
+  }
+  if (!store.get("init/verdict", verdict, deadline).ok())
+    return Timeout("rank 0 did not finish the init check within " + std::to_string(s.timeout_ms) + " ms");
+  (void)confirm_read(store, "init/verdict", rank);
+  return Status::Ok();
+}
+
 // Rank 0 collects every rank's one contribution (listener, reach address, fingerprint, host)
 // and publishes one verdict: the job secret, every rank's host (numbered in order of each
 // host's first rank) and the address table, or why init fails, so every rank fails the same
-// way, naming the difference, or none does.
-Status agree(Store& store, int rank, int size, const CommSettings& s, const std::string& my_addr, std::string* secret,
-             Agreed* out) {
+// way, naming the difference, or none does. With the tree, the other
+// ranks get it from their parent (read_verdict) and pass it on to their children.
+Status agree(Store& store, int rank, int size, const CommSettings& s, const std::string& my_addr,
+             const TreeRole& tree, std::string* secret, Agreed* out) {
   Deadline deadline = Deadline::after_ms(s.timeout_ms);
   Fingerprint mine = fingerprint(size, s);
   const std::string my_host = host_identity();
+  // A parent's listener, before the contribution: rank 0 publishes the digest only after every
+  // contribution, so a child that has the digest finds its parent's address.
+  if (tree.on && tree_has_children(rank, size))
+    COMM_RETURN_IF_ERROR(store.set("init/tree/" + std::to_string(rank),
+                                   (tree.server != nullptr ? tree.server->address() : "-") + kSep + my_host));
   // With the listener, the address the store reached this rank by: comm_shrink's survivors
   // meet at one of them when rank 0, and the store with it, is gone when no listener table is
   // usable (docs/design.md, "Shrinking").
   COMM_RETURN_IF_ERROR(store.set("init/rank/" + std::to_string(rank),
                                  my_addr + kSep + store.reach_address() + kSep + encode(mine) + kSep + my_host));
+  if (tree.on) {
+    std::string hook;
+    COMM_RETURN_IF_ERROR(test_tree_hook(rank, &hook));
+    // Test hook: a rank gone after joining; status 0, so that comm-run leaves the others running.
+    if (hook == "exit") ::_exit(0);
+  }
   if (rank == 0) {
     std::string problems;
     out->all_local = true;
@@ -360,6 +433,12 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, const std:
                                                  : "OK\n" + *secret + (out->all_local ? "L" : "R") + "\n" +
                                                        encode_hosts(out->host_of) + "\n" + table + "\n" + encode(mine);
     COMM_RETURN_IF_ERROR(store.set("init/verdict", verdict));
+    if (tree.on) {
+      const std::string digest = verdict_digest(verdict);
+      COMM_RETURN_IF_ERROR(store.set("init/digest", digest));
+      COMM_INFO(kInit, "rank 0: init verdict %zu bytes, digest key %zu bytes (docs/design.md, \"Hot keys\")",
+                verdict.size(), digest.size());
+    }
     if (!problems.empty() || !unavailable.empty()) {
       // Stay until every rank has read the verdict: our process may hold the store.
       (void)wait_read_by_all(store, "init/verdict", size, deadline);
@@ -370,9 +449,8 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, const std:
     return Status::Ok();
   }
   std::string verdict;
-  Status st = store.get("init/verdict", &verdict, deadline);
-  if (!st.ok()) return Timeout("rank 0 did not finish the init check within " + std::to_string(s.timeout_ms) + " ms");
-  (void)confirm_read(store, "init/verdict", rank);
+  COMM_RETURN_IF_ERROR(read_verdict(store, rank, s, tree, my_host, deadline, &verdict));
+  if (tree.server != nullptr) tree.server->publish(verdict);  // whatever it says: the children need it too
   if (verdict.rfind("FAIL\n", 0) == 0)
     return InvalidUsage("ranks disagree at init: " + verdict.substr(5) + "; start every rank with the same settings");
   if (verdict.rfind("UNAV\n", 0) == 0) return Unavailable(verdict.substr(5));
@@ -436,8 +514,23 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   topology::prepare_process(c->job_store.get(), nccl);
   std::shared_ptr<transport::EarlyListener> early;
   const std::string my_addr = listen_early(id, c->settings, &early);
+  // The verdict's tree: its server lives until comm_init returns, so every child (which reaches
+  // the barrier below only with the verdict) can have been served.
+  TreeRole tree;
+  std::unique_ptr<VerdictServer> server;
+  tree.on = c->job_store->dies_with_rank0() && c->size > 2;
+  if (tree.on && tree_has_children(c->rank, c->size)) {
+    std::string hook;
+    COMM_RETURN_IF_ERROR(test_tree_hook(c->rank, &hook));
+    const bool guess_local = id.local_world_size > 0 && id.local_world_size == id.world_size;
+    Status st = VerdictServer::start(c->rank, guess_local, hook, &server);
+    if (!st.ok())
+      COMM_INFO(kInit, "rank %d: no listener for the init verdict's tree (%s); its children read the store",
+                c->rank, st.message().c_str());
+    tree.server = server.get();
+  }
   Agreed agreed;
-  COMM_RETURN_IF_ERROR(agree(*c->job_store, c->rank, c->size, c->settings, my_addr, &c->secret, &agreed));
+  COMM_RETURN_IF_ERROR(agree(*c->job_store, c->rank, c->size, c->settings, my_addr, tree, &c->secret, &agreed));
   c->all_local = agreed.all_local;
   c->host_of = std::move(agreed.host_of);
   c->world_addrs = std::make_shared<std::vector<std::string>>(std::move(agreed.hosts));
