@@ -319,7 +319,7 @@ Status test_tree_hook(int rank, std::string* action) {
   if (text.empty()) return Status::Ok();
   const size_t colon = text.find(':');
   if (colon == std::string::npos || text.substr(colon + 1).find_first_not_of("0123456789") != std::string::npos ||
-      colon + 1 == text.size())
+      colon + 1 == text.size() || text.size() - colon > 10)
     return InvalidArgument("COMM_TEST_INIT_TREE='" + text + "': expected corrupt:RANK, stall:RANK or exit:RANK");
   if (std::stoi(text.substr(colon + 1)) == rank) *action = text.substr(0, colon);
   return Status::Ok();
