@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "deadline.h"
+#include "posix/fd.h"
 #include "status.h"
 #include "store/store.h"
 
@@ -114,6 +115,14 @@ struct ListenAddress {
   std::string why;
 };
 
+// The world's socket listener, made by the core before the init verdict, and every rank's
+// address, which came in that verdict (docs/design.md, "Hot keys"): the socket transport
+// adopts both instead of listening and reading the address table from the store.
+struct EarlyListener {
+  posix::Fd fd;                    // listening, non-blocking, CLOEXEC; moved out by the adopter
+  std::vector<std::string> table;  // "host:port" per rank
+};
+
 // Memory the job's ranks on one host reach in place (comm_mem_alloc): made by a host-local
 // transport when the world connects, shared by every communicator derived from the world.
 class JobMemory {
@@ -134,6 +143,7 @@ struct Options {
   bool all_local = false;        // every rank is on this host (from the rendezvous)
   std::vector<int> host_of;      // every rank's host index (from the rendezvous); empty: unknown
   ListenAddress listen;          // socket transport: where to listen
+  std::shared_ptr<EarlyListener> early;  // socket transport: listener and table from the verdict
   // From the tuning profile when the environment leaves them unset; 0: the registry's value.
   int64_t shm_slot_bytes = 0;    // COMM_SHM_SLOT_BYTES
   int64_t socket_nconns = 0;     // COMM_SOCKET_NCONNS

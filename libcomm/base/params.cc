@@ -141,6 +141,11 @@ const std::vector<Param>& all() {
       {"COMM_BENCH_CORRUPT", Type::kString, "",
        "comm-bench, tests only: RANK:INDEX flips one byte of that output element on that rank after each check",
        nullptr},
+      {"COMM_TEST_INIT_TREE", Type::kString, "",
+       "tests only, a hook in comm_init: corrupt:RANK, stall:RANK or exit:RANK makes that rank's answer to its "
+       "children in the init verdict's tree wrong, or never come, or the rank exit after joining "
+       "(tests/test_init_tree.sh)",
+       nullptr},
       {"COMM_TEST_WIRE", Type::kString, "", "unit tests: run the algorithm sweeps over this transport (e.g. ucx)",
        nullptr},
       {"COMM_FIXTURES_DIR", Type::kString, "", "topology tests: where the machine exports are (tests/fixtures)",

@@ -61,10 +61,14 @@ struct comm_s {
   // arenas), shared by the world and every communicator derived from it; nullptr without local
   // peers or without a host-local transport.
   std::shared_ptr<comm::transport::JobMemory> job_memory;
+  // The world only, from init until its socket transport adopts it: the listener made before
+  // the verdict and the address table from the verdict (null when unusable; comm.cc).
+  std::shared_ptr<comm::transport::EarlyListener> early_listener;
   bool local_transport_usable = true;  // agreed at the world's init: the host-local transport works on every host
   std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
-  // Every world rank's address as the store saw it at init ("" unknown): where comm_shrink's
-  // survivors meet when the store died with rank 0 (shrink.cc).
+  // Every world rank's host from the init verdict's address table (its socket listener's, else
+  // the address the store saw it by; "" unknown): where comm_shrink's survivors meet when the
+  // store died with rank 0 (shrink.cc).
   std::shared_ptr<const std::vector<std::string>> world_addrs;
   bool shrunk = false;  // comm_shrink made a communicator from this one: only comm_destroy is left
   std::unique_ptr<comm::transport::Transport> transport;

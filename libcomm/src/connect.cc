@@ -100,6 +100,8 @@ Status create_host_transport(const std::string& kind, const transport::Options& 
     return Internal("the plan chose '" + kind + "' for peers on other hosts, which no transport here can reach");
   transport::ConnectRequest r = request_for(c, kind, opt);
   if (t->listens_on_interface) COMM_RETURN_IF_ERROR(choose_listen_address(c, &r.options.listen));
+  // The world's first socket transport takes the listener whose address came in the verdict.
+  if (kind == "socket" && c->early_listener) r.options.early = std::move(c->early_listener);
   if (!t->built())
     return Unavailable("transport '" + kind + "' is not available here (" + t->not_built() + ")");
   transport::Connected connected;

@@ -5,7 +5,7 @@
 // Where the survivors meet (docs/design.md, "Shrinking a communicator"): in the job store when
 // it outlives every rank (file://, memory://) or when world rank 0, whose process serves the TCP
 // store, is among the survivors; otherwise the lowest survivor serves a store of its own at the
-// address the job store reached it by at init (comm_s::world_addrs), on the first free port of
+// host the init verdict's address table gives (comm_s::world_addrs), on the first free port of
 // a short list every survivor derives from the job secret and the new communicator's id. The
 // others try the ports in turn; the store's token (derived the same way) makes another job's
 // store or another service on such a port refuse them, and they move on.

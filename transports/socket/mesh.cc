@@ -88,6 +88,18 @@ Status Mesh::start() {
   return read_table();
 }
 
+Status Mesh::adopt(Fd listener, std::vector<std::string> table) {
+  if (!listener.valid() || static_cast<int>(table.size()) != c_.size)
+    return Internal(me() + ": socket transport: the early listener's table has " + std::to_string(table.size()) +
+                    " entries for " + std::to_string(c_.size) + " ranks");
+  listener_ = std::move(listener);
+  addrs_ = std::move(table);
+  listen_text_ = addrs_[static_cast<size_t>(c_.rank)];
+  COMM_INFO(kNet, "%s: socket transport listening on %s (address table from the init verdict)", me().c_str(),
+            listen_text_.c_str());
+  return Status::Ok();
+}
+
 // Rank 0 gathers "addr/<r>" into "addrs"; every other rank reads that one key.
 Status Mesh::read_table() {
   Deadline deadline = Deadline::after_ms(c_.timeout_ms);

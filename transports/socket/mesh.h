@@ -1,7 +1,8 @@
 // The socket transport's connections, made when a peer is first needed (docs/design.md,
 // "Connections"). Every rank listens for the job's life and publishes "addr/<rank>"; rank 0
 // gathers the addresses into one table ("addrs") that every rank reads once, so the store
-// answers n reads, not n^2. A rank that needs a peer dials its `nconns` connections; each
+// answers n reads, not n^2 (the world's comes in the init verdict instead, with a listener the
+// core made before it: adopt()). A rank that needs a peer dials its `nconns` connections; each
 // connection presents {magic, version, rank, index}, proves the job secret by
 // challenge-response (socket/wire.h, crypto/proof.h: the secret never goes on the wire), and
 // the acceptor checks it all, proves the secret back and replies. Both ranks of a pair may dial at once: per connection index the dial of the
@@ -60,6 +61,9 @@ class Mesh {
   // Listens, publishes this rank's address, reads the table. A rank that cannot listen
   // publishes why, so every rank fails at once naming it instead of waiting for its address.
   Status start();
+  // start() for the world at init: the listener the core made before the verdict and the
+  // table that came in it (transport.h, EarlyListener), so the store is not read again.
+  Status adopt(Fd listener, std::vector<std::string> table);
   // Eager mode: every connection of this rank, before returning (bounded by the timeout).
   Status connect_all(std::vector<MeshLink>* done);
 

@@ -299,7 +299,10 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     config.host = listen.address;
     config.family = listen.family;
     mesh = std::make_unique<Mesh>(config);
-    COMM_RETURN_IF_ERROR(mesh->start());
+    if (options.early && options.early->fd.valid())
+      COMM_RETURN_IF_ERROR(mesh->adopt(std::move(options.early->fd), options.early->table));
+    else
+      COMM_RETURN_IF_ERROR(mesh->start());
     if (eager != 0) COMM_RETURN_IF_ERROR(mesh->connect_all(&links));
   }
   out->reset(new SocketTransport(options, static_cast<int>(nconns), std::move(mesh), std::move(links),

@@ -1,0 +1,54 @@
+// The init verdict down a binomial tree instead of n reads of rank 0's store (docs/design.md,
+// "Hot keys"). Rank 0 writes the verdict once and a small digest key (SHA-256 and length); the
+// parent of rank r is r with its lowest set bit cleared. A rank with children serves its copy
+// of the verdict on a listener of its own while it is in comm_init; a child reads the digest
+// and its parent's address from the store, asks its parent, checks the answer against the
+// digest, and on any problem (parent gone, no answer within a slice of the timeout, a wrong
+// answer) reads the store instead. Children of rank 0 read the store: it serves it anyway.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "deadline.h"
+#include "status.h"
+#include "store/store.h"
+
+namespace comm {
+
+// r with its lowest set bit cleared (r > 0).
+inline int tree_parent(int r) { return r & (r - 1); }
+// Whether rank r (> 0) of `size` has a child: r + 1 < size and r is even (its lowest set bit
+// is above bit 0, so r + 1 is a child).
+inline bool tree_has_children(int r, int size) { return r > 0 && (r & 1) == 0 && r + 1 < size; }
+
+// The value of the digest key rank 0 writes beside the verdict: "<sha256 hex> <length>".
+std::string verdict_digest(const std::string& verdict);
+
+// A parent's server: a listener and a thread that answers each child's request once this
+// rank has the verdict (publish), until destroyed (the end of comm_init).
+class VerdictServer {
+ public:
+  // Listens on the interface for the guess (every rank on this host or not) and starts the
+  // thread. `hook` is COMM_TEST_INIT_TREE's action for this rank ("" none, "corrupt", "stall").
+  static Status start(int rank, bool guess_local, const std::string& hook, std::unique_ptr<VerdictServer>* out);
+  ~VerdictServer();
+  // "L|R<host:port>": tagged like the early listener's address, so a child on another host
+  // does not dial a loopback address.
+  const std::string& address() const;
+  // This rank has the verdict: children waiting for it get it now.
+  void publish(const std::string& verdict);
+
+  struct Impl;
+
+ private:
+  explicit VerdictServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A child: asks the parent at `tagged_addr` for the verdict whose digest key is `digest`
+// within `deadline`; any failure is a status saying why (the caller reads the store then).
+Status fetch_verdict(const std::string& tagged_addr, bool same_host, const std::string& digest, Deadline deadline,
+                     std::string* verdict);
+
+}  // namespace comm
