@@ -144,3 +144,36 @@ TEST_CASE("idle: ranks that finish at different times, or compute longer than th
     }
   }
 }
+
+TEST_CASE("idle over UCX: a SIGKILLed rank is reported by every idle survivor within seconds (UCX's endpoint "
+          "failure over tcp, the pid over shared memory alone), and ranks that finish at different times are not "
+          "taken for dead (GOODBYE)",
+          "[idle_ucx]") {
+  // UCX reports a broken endpoint only from ucp_worker_progress: idle, nobody called it.
+  for (const char* tls : {"tcp,self", "posix,self"}) {
+    INFO("UCX_TLS=" << tls);
+    {
+      TempDir dir;
+      const int n = 3, victim = 1, timeout_ms = 60000;
+      Idle run = run_idle(dir, n, victim, SIGKILL,
+                          {{"COMM_TRANSPORT", "ucx"}, {"UCX_TLS", tls}, {"COMM_HEARTBEAT_MS", "200"}}, timeout_ms);
+      INFO(describe_all(run.procs));
+      check_noticed(run, victim, {COMM_ERR_REMOTE}, 10000, 5000);
+    }
+    TempDir dir;
+    const int n = 3;
+    const int port = free_port();
+    auto procs = launch(dir, "idle", n, [&](int r) {
+      Env env = {{"COMM_TRANSPORT", "ucx"}, {"UCX_TLS", tls}, {"COMM_HEARTBEAT_MS", "200"}, {"IDLE_VICTIM", "-1"},
+                 {"IDLE_WAIT_MS", r == 0 ? "0" : "3000"}, {"IDLE_NO_NEXT", "1"}};
+      return torchrun_env(r, n, port, 30000, env);
+    });
+    CHECK(wait_all(procs, now_ms() + 60000));
+    INFO(describe_all(procs));
+    for (int r = 1; r < n; ++r) {
+      int async = -1;
+      if (auto a = line_after(procs[static_cast<size_t>(r)].output(), "ASYNC ")) std::istringstream(*a) >> async;
+      CHECK(async == COMM_OK);
+    }
+  }
+}
