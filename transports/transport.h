@@ -197,6 +197,11 @@ class Transport {
   // connections without saying goodbye (comm_destroy does), its process exited, or it sent
   // nothing for timeout_ms. The transport then stays failed. Default: nothing to watch.
   virtual Status check_idle() { return Status::Ok(); }
+  // Any thread, never blocks: the watcher calls it every COMM_HEARTBEAT_MS, also while a call
+  // drives the transport, so that peers which idle see this process alive however long it
+  // computes or waits. Shared memory bumps a counter in its control segment; sockets beat
+  // from check_idle() and their waits instead (a frame needs the thread that drives them).
+  virtual void beat() {}
 
   // One-sided access where the transport can give it (shared memory among local ranks).
   virtual LocalAccess* local() { return nullptr; }

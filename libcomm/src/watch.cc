@@ -17,6 +17,9 @@ void watch_loop(comm_t c) {
   for (;;) {
     c->watch_cv.wait_for(lock, period, [&] { return c->watch_stop; });
     if (c->watch_stop) return;
+    // First, whatever runs: a beat in memory (shared memory) needs no lock on the transport,
+    // and a rank busy in a long call or in its own code must still look alive to idle peers.
+    c->transport->beat();
     // A broken or aborted communicator has nothing left to find; its error is already kept.
     if (c->aborted.load(std::memory_order_acquire) || c->is_broken.load(std::memory_order_acquire)) return;
     // Dekker's handshake with Driving: one of the two sees the other's flag.

@@ -103,23 +103,77 @@ TEST_CASE("idle: a SIGSTOPped rank is reported by its idle socket peers once it 
   check_noticed(run, victim, {COMM_ERR_TIMEOUT, COMM_ERR_REMOTE}, timeout_ms + 10000, 5000);
 }
 
-TEST_CASE("idle: ranks that finish at different times are not taken for dead (comm_destroy says goodbye)",
-          "[idle]") {
-  // Rank 0 destroys and exits at once; the others stay idle for 1.5 s (7 periods) and must see
-  // no async error (nobody is signalled: no victim).
+TEST_CASE("idle: a SIGSTOPped rank is reported by its idle shared-memory peers once its heartbeat counter stood "
+          "still for COMM_TIMEOUT_MS", "[idle]") {
+  // Its pidfd shows nothing (the process lives): only the heartbeat in memory can.
   TempDir dir;
-  const int n = 3;
-  const int port = free_port();
-  auto procs = launch(dir, "idle", n, [&](int r) {
-    Env env = {{"COMM_TRANSPORT", "socket"}, {"COMM_HEARTBEAT_MS", "200"}, {"IDLE_VICTIM", "-1"},
-               {"IDLE_WAIT_MS", r == 0 ? "0" : "1500"}, {"IDLE_NO_NEXT", "1"}};
-    return torchrun_env(r, n, port, 30000, env);
-  });
-  CHECK(wait_all(procs, now_ms() + 60000));
-  INFO(describe_all(procs));
-  for (int r = 1; r < n; ++r) {
-    int async = -1;
-    if (auto a = line_after(procs[static_cast<size_t>(r)].output(), "ASYNC ")) std::istringstream(*a) >> async;
-    CHECK(async == COMM_OK);
+  const int n = 3, victim = 1, timeout_ms = 2000;
+  Idle run = run_idle(dir, n, victim, SIGSTOP, {{"COMM_TRANSPORT", "shm"}, {"COMM_HEARTBEAT_MS", "200"}},
+                      timeout_ms);
+  INFO(describe_all(run.procs));
+  check_noticed(run, victim, {COMM_ERR_TIMEOUT, COMM_ERR_REMOTE}, timeout_ms + 10000, 5000);
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    auto msg = line_after(run.procs[static_cast<size_t>(r)].output(), "MSG ");
+    REQUIRE(msg.has_value());
+    CHECK(msg->find("heartbeat") != std::string::npos);
+  }
+}
+
+TEST_CASE("idle: ranks that finish at different times, or compute longer than the silence limit, are not taken "
+          "for dead or stopped (comm_destroy says goodbye; the watcher beats)", "[idle]") {
+  // Rank 0 destroys and exits at once; the others stay idle (in their own code, as ranks that
+  // compute) for 6 s, more than twice the silence limit of a 2 s timeout, and must see no
+  // async error (nobody is signalled: no victim).
+  for (const char* transport : {"socket", "shm"}) {
+    INFO("COMM_TRANSPORT=" << transport);
+    TempDir dir;
+    const int n = 3;
+    const int port = free_port();
+    auto procs = launch(dir, "idle", n, [&](int r) {
+      Env env = {{"COMM_TRANSPORT", transport}, {"COMM_HEARTBEAT_MS", "200"}, {"IDLE_VICTIM", "-1"},
+                 {"IDLE_WAIT_MS", r == 0 ? "0" : "6000"}, {"IDLE_NO_NEXT", "1"}};
+      return torchrun_env(r, n, port, 2000, env);
+    });
+    CHECK(wait_all(procs, now_ms() + 60000));
+    INFO(describe_all(procs));
+    for (int r = 1; r < n; ++r) {
+      int async = -1;
+      if (auto a = line_after(procs[static_cast<size_t>(r)].output(), "ASYNC ")) std::istringstream(*a) >> async;
+      CHECK(async == COMM_OK);
+    }
+  }
+}
+
+TEST_CASE("idle over UCX: a SIGKILLed rank is reported by every idle survivor within seconds (UCX's endpoint "
+          "failure over tcp, the pid over shared memory alone), and ranks that finish at different times are not "
+          "taken for dead (GOODBYE)",
+          "[idle_ucx]") {
+  // UCX reports a broken endpoint only from ucp_worker_progress: idle, nobody called it.
+  for (const char* tls : {"tcp,self", "posix,self"}) {
+    INFO("UCX_TLS=" << tls);
+    {
+      TempDir dir;
+      const int n = 3, victim = 1, timeout_ms = 60000;
+      Idle run = run_idle(dir, n, victim, SIGKILL,
+                          {{"COMM_TRANSPORT", "ucx"}, {"UCX_TLS", tls}, {"COMM_HEARTBEAT_MS", "200"}}, timeout_ms);
+      INFO(describe_all(run.procs));
+      check_noticed(run, victim, {COMM_ERR_REMOTE}, 10000, 5000);
+    }
+    TempDir dir;
+    const int n = 3;
+    const int port = free_port();
+    auto procs = launch(dir, "idle", n, [&](int r) {
+      Env env = {{"COMM_TRANSPORT", "ucx"}, {"UCX_TLS", tls}, {"COMM_HEARTBEAT_MS", "200"}, {"IDLE_VICTIM", "-1"},
+                 {"IDLE_WAIT_MS", r == 0 ? "0" : "3000"}, {"IDLE_NO_NEXT", "1"}};
+      return torchrun_env(r, n, port, 30000, env);
+    });
+    CHECK(wait_all(procs, now_ms() + 60000));
+    INFO(describe_all(procs));
+    for (int r = 1; r < n; ++r) {
+      int async = -1;
+      if (auto a = line_after(procs[static_cast<size_t>(r)].output(), "ASYNC ")) std::istringstream(*a) >> async;
+      CHECK(async == COMM_OK);
+    }
   }
 }

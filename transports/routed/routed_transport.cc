@@ -75,6 +75,10 @@ class RoutedTransport final : public Transport {
     if (st.ok()) st = far_->check_idle();
     return st.ok() ? st : fail(st);
   }
+  void beat() override {
+    near_->beat();
+    far_->beat();
+  }
   void abort() override {
     aborted_.store(true, std::memory_order_release);
     near_->abort();

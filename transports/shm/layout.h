@@ -22,7 +22,7 @@ constexpr uint64_t kArenaMagic = 0x414e455241434d31ull;    // "1MCARENA"
 // segment, until its owner writes the real magic (last, once the header is complete): a rank
 // killed in between leaves a segment remove_orphans can still attribute.
 constexpr uint64_t kClaimMagic = 0x4d49414c43434d31ull;    // "1MCCLAIM"
-constexpr uint32_t kLayoutVersion = 2;  // 2: ControlHeader.left
+constexpr uint32_t kLayoutVersion = 3;  // 2: ControlHeader.left; 3: ControlLines.beat
 constexpr size_t kLine = 128;
 constexpr size_t kPage = 4096;
 constexpr size_t kMaxErrorText = 512;
@@ -105,6 +105,10 @@ struct alignas(kLine) ControlLines {
   Counter posted;           // the number of the last one-sided call posted
   Counter marks[kMarks];    // steps done per LocalAccess::Mark (monotonic over the communicator's life)
   Counter finished;         // the number of the last one-sided call whose reads are over
+  // Bumped by the owner's watcher every COMM_HEARTBEAT_MS, also while the owner is in a call
+  // (ShmTransport::beat): a peer that idles takes a counter that stands still for the silence
+  // limit (common/silence.h) for a stopped or hung process, which its pidfd cannot show.
+  Counter beat;
   CallDesc desc[2];
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/silence.h"
 #include "log.h"
 #include "params.h"
 #include "shm/shm_transport_impl.h"
@@ -56,17 +57,45 @@ ShmTransport::~ShmTransport() {
   if (ring_ != nullptr) domain_->free(ring_);
 }
 
-// Between calls: a failure a local peer reported, or a local peer's process gone without
-// comm_destroy (its pidfd). A stopped local process is not seen here (no heartbeat in memory).
+// Between calls: a failure a local peer reported, a local peer's process gone without
+// comm_destroy (its pidfd), or one whose beat counter stood still for the silence limit: a
+// stopped (SIGSTOP, a debugger) or hung process, which its pidfd cannot show.
 Status ShmTransport::check_idle() {
   COMM_RETURN_IF_ERROR(usable());
   Status st = peer_errors();
+  const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < peers_.size() && st.ok(); ++i) {
     if (static_cast<int>(i) == me_ || peers_[i].header->left.load(std::memory_order_acquire) != 0) continue;
     st = check_alive(static_cast<int>(i), "no call (the communicator was idle), without comm_destroy");
+    if (st.ok()) st = check_beating(static_cast<int>(i), now);
   }
   if (!st.ok() && failed_.ok()) failed_ = st;
   return st;
+}
+
+// The watcher's thread, also while another drives the transport: one relaxed add on this
+// rank's own cache line, which no wait reads.
+void ShmTransport::beat() {
+  if (my_lines_ != nullptr) my_lines_->beat.value.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Silence is measured from the first look that found the counter at its present value, so a
+// long call of this rank (no looks) never counts against a peer: the peer beat meanwhile.
+Status ShmTransport::check_beating(int i, std::chrono::steady_clock::time_point now) {
+  if (options_.heartbeat_ms <= 0) return Status::Ok();  // no watcher beats anywhere (agreed at init)
+  Peer& p = peers_[static_cast<size_t>(i)];
+  const uint64_t count = p.lines->beat.value.load(std::memory_order_relaxed);
+  if (p.beat_seen_at == std::chrono::steady_clock::time_point{} || count != p.beat_seen) {
+    p.beat_seen = count;
+    p.beat_seen_at = now;
+    return Status::Ok();
+  }
+  const int64_t silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.beat_seen_at).count();
+  if (silent < silence_limit_ms(options_.timeout_ms, options_.heartbeat_ms)) return Status::Ok();
+  const std::string pid = p.dom < 0 ? "" : " (pid " + std::to_string(domain_->pid(p.dom)) + ", on this host)";
+  return silence_verdict(who(i) + pid,
+                         "did not bump its heartbeat in shared memory", silent, options_.heartbeat_ms,
+                         options_.timeout_ms);
 }
 
 int ShmTransport::local_of(int r) const {

@@ -65,6 +65,10 @@ struct Peer {
   const char* mapped_in = nullptr;   // its buffers for the current call, when read in place
   const char* mapped_out = nullptr;
   char* ring = nullptr;              // its staging ring for the current call
+  // Idle detection (check_idle, the watcher's thread only): its beat counter as last seen, and
+  // when it was first seen at that value (unset: not looked at yet).
+  uint64_t beat_seen = 0;
+  std::chrono::steady_clock::time_point beat_seen_at{};
 };
 
 class ShmTransport final : public Transport, public LocalAccess {
@@ -92,6 +96,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   void wake() override;
   void notify_peers(const Status& failure) override;
   Status check_idle() override;
+  void beat() override;
   void abort() override;
   LocalAccess* local() override { return this; }
 
@@ -144,6 +149,8 @@ class ShmTransport final : public Transport, public LocalAccess {
     return failure;
   }
   Status check_alive(int i, const std::string& during);
+  // Idle detection: local peer i's beat counter stood still for the silence limit.
+  Status check_beating(int i, std::chrono::steady_clock::time_point now);
   // Wakes local peer i if it sleeps (after a store it may be waiting for).
   // fenced: our stores are ordered before the look at their flag (a full fence, which waits
   // for them to reach the peer's cache). Unfenced, a peer that fell asleep in that instant sees

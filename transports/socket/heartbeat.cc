@@ -5,6 +5,7 @@
 // is not taken for a dead one.
 #include <sys/socket.h>
 
+#include "common/silence.h"
 #include "socket/socket_transport_impl.h"
 
 namespace comm::transport::sock {
@@ -63,10 +64,10 @@ void SocketTransport::beat(Clock::time_point now) {
 }
 
 // A peer beats every heartbeat_ from its watcher, or from a wait whose poll() blocks up to
-// kMaxBlockMs: silence is judged after the timeout, but never before two such gaps.
+// kMaxBlockMs: the rule every beating transport shares (common/silence.h).
 int64_t SocketTransport::silence_limit_ms() const {
-  const int64_t gap = static_cast<int64_t>(heartbeat_.count()) + kMaxBlockMs;
-  return std::max<int64_t>(options_.timeout_ms, 2 * gap);
+  static_assert(kMaxBlockMs <= kBeatLateMs, "a blocked poll may delay a beat longer than the silence rule allows");
+  return transport::silence_limit_ms(options_.timeout_ms, heartbeat_.count());
 }
 
 Status SocketTransport::check_idle() {
@@ -93,11 +94,8 @@ Status SocketTransport::check_idle() {
       continue;
     const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]);
     if (silent.count() >= silence_limit_ms())
-      return fail(Timeout("rank " + std::to_string(p) + " sent nothing, not even a heartbeat (every " +
-                          std::to_string(heartbeat_.count()) + " ms, COMM_HEARTBEAT_MS), for " +
-                          std::to_string(silent.count()) + " ms (COMM_TIMEOUT_MS " +
-                          std::to_string(options_.timeout_ms) + ", at least two heartbeats and blocked polls" +
-                          ") while the communicator was idle: is it stopped (SIGSTOP, a debugger) or hung?"));
+      return fail(silence_verdict("rank " + std::to_string(p), "sent nothing, not even a heartbeat", silent.count(),
+                                  heartbeat_.count(), options_.timeout_ms));
   }
   return Status::Ok();
 }

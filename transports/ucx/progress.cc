@@ -218,7 +218,8 @@ Status UcxTransport::check_pending(Request& r) {
 void UcxTransport::check_pids() {
   for (Peer& p : peers_) {
     if (!p.watch_pid || p.failed) continue;
-    if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+    pollfd exited{p.pidfd, POLLIN, 0};
+    if (p.pidfd >= 0 ? ::poll(&exited, 1, 0) > 0 : ::kill(p.pid, 0) != 0 && errno == ESRCH) {
       p.failed = true;
       p.reason = "its process " + std::to_string(p.pid) + " is gone";
     }
@@ -275,7 +276,10 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
     }
     if (all_done && !any) break;
     if (any && (some_done || n == 0 || woken_.exchange(false, std::memory_order_acq_rel))) return Status::Ok();
-    if (report_arrived_) return fail(peer_report());
+    if (report_arrived_) {
+      Status st = take_report();
+      if (!st.ok()) return fail(st);
+    }
     if (aborted_.load(std::memory_order_acquire)) return usable();
     const Clock::time_point now = Clock::now();
     if (clock.expired(now)) return fail(Timeout(timeout_message(ids, n)));
@@ -305,7 +309,10 @@ Status UcxTransport::test(RequestId id, bool* done) {
   if (r.parts_left > 0) ucx_library().ucp_worker_progress(worker_);
   Status st = r.parts_left == 0 ? check(r) : check_pending(r);
   if (!st.ok()) return fail(st);
-  if (r.parts_left > 0 && report_arrived_) return fail(peer_report());
+  if (r.parts_left > 0 && report_arrived_) {
+    st = take_report();
+    if (!st.ok()) return fail(st);
+  }
   *done = r.parts_left == 0;
   if (*done) pool_.release(index);
   return Status::Ok();
@@ -341,6 +348,40 @@ Status UcxTransport::peer_report() {
   comm_status_t code = h.status == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
   if (h.status == COMM_ERR_TIMEOUT) peer_timed_out();  // a hang: the core traces it (wait_failure)
   return Status(code, "rank " + std::to_string(h.source) + " reported: " + text);
+}
+
+Status UcxTransport::take_report() {
+  const WireHeader& h = report_.header;
+  if (report_part_.length < sizeof(WireHeader) || h.magic != kMagic || h.key != key_ || h.status != kGoodbye ||
+      h.source < 0 || h.source >= size())
+    return peer_report();
+  Peer& p = peers_[static_cast<size_t>(h.source)];
+  p.left = true;
+  COMM_INFO(kNet, "%s: rank %d said GOODBYE (comm_destroy)", me().c_str(), h.source);
+  report_arrived_ = false;
+  return post_report_receive();
+}
+
+// Between calls (the watcher, while no thread drives the transport): UCX runs its callbacks (an
+// endpoint failed, a report arrived) only inside ucp_worker_progress, so progress here, never
+// blocking. A peer failed without GOODBYE on two checks in a row is dead: the second check lets a
+// GOODBYE that UCX delivers after the endpoint's failure still count.
+Status UcxTransport::check_idle() {
+  COMM_RETURN_IF_ERROR(usable());
+  for (int i = 0; i < 64; ++i) {
+    while (report_arrived_) {
+      Status st = take_report();
+      if (!st.ok()) return fail(st);
+    }
+    if (ucx_library().ucp_worker_progress(worker_) == 0 && !report_arrived_) break;
+  }
+  check_pids();  // peers reached over shared memory alone (no UCX failure handling)
+  for (Peer& p : peers_) {
+    if (!p.failed || p.left || ++p.idle_failed < 2) continue;
+    return fail(RemoteError("rank " + std::to_string(p.rank) + " failed (UCX: " + p.reason +
+                            ") while the communicator was idle, without comm_destroy: did it exit or crash?"));
+  }
+  return Status::Ok();
 }
 
 void UcxTransport::notify_peers(const Status& failure) {

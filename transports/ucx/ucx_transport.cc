@@ -3,6 +3,7 @@
 // with UCX's peer-failure handling, so a dead peer ends waits with COMM_ERR_REMOTE.
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -190,6 +191,9 @@ Status UcxTransport::connect_peer(int r, const Deadline& deadline) {
     s = ucx_library().ucp_ep_create(worker_, &ep, &peer.ep);
     if (s == UCS_OK) {
       peer.watch_pid = peer.pid > 0;
+      // A pidfd sees the exit at once; kill(pid, 0) only once the parent reaped the process
+      // (as shm/domain.cc does; kernels before 5.3 fall back to kill).
+      if (peer.watch_pid) peer.pidfd = static_cast<int>(syscall(SYS_pidfd_open, peer.pid, 0));
       COMM_INFO(kNet, "%s: UCX endpoint to rank %d has no failure handling on these transports; %s", me().c_str(), r,
                 peer.watch_pid ? "its pid is watched instead" : "a dead peer shows as a timeout");
     }
@@ -308,14 +312,37 @@ void UcxTransport::close_endpoints() {
   }
 }
 
+// comm_destroy, healthy: a GOODBYE report to every live peer, so that peers which idle take
+// this endpoint's failure and this process's exit for a departure (check_idle). close_endpoints'
+// flush delivers them; the requests are freed after it.
+void UcxTransport::say_goodbye(std::vector<void*>* sends) {
+  if (!failed_.ok() || aborted_.load(std::memory_order_acquire)) return;
+  outgoing_.header = WireHeader{};
+  outgoing_.header.key = key_;
+  outgoing_.header.status = kGoodbye;
+  outgoing_.header.source = rank();
+  for (Peer& p : peers_) {
+    if (p.ep == nullptr || p.failed || p.left) continue;
+    ucp_request_param_t rp{};
+    void* req = ucx_library().ucp_tag_send_nbx(p.ep, &outgoing_, sizeof(WireHeader),
+                                               kErrorBit | (static_cast<uint64_t>(rank()) << kRankShift), &rp);
+    if (req != nullptr && !UCS_PTR_IS_ERR(req)) sends->push_back(req);
+  }
+}
+
 UcxTransport::~UcxTransport() {
   if (worker_ != nullptr) {
+    std::vector<void*> goodbyes;
+    say_goodbye(&goodbyes);
     cancel_pending();
     close_endpoints();
+    for (void* req : goodbyes) ucx_library().ucp_request_free(req);  // one still in flight: UCX frees it later
     ucx_library().ucp_worker_destroy(worker_);
   }
   if (context_ != nullptr) ucx_library().ucp_cleanup(context_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
+  for (Peer& p : peers_)
+    if (p.pidfd >= 0) ::close(p.pidfd);
 }
 
 }  // namespace ucx

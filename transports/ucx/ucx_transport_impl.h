@@ -39,9 +39,12 @@ inline uint64_t data_tag(int src, uint64_t number) {
 }
 
 constexpr uint32_t kMagic = 0x55435831;  // "UCX1"
+// A report of status 0 (COMM_OK) is GOODBYE: the sender's comm_destroy, so its endpoint's failure
+// and its exit that follow are not a death (idle detection, check_idle).
+constexpr uint32_t kGoodbye = 0;
 struct WireHeader {
   uint32_t magic = kMagic;
-  uint32_t status = 0;  // error reports: the sender's comm_status_t
+  uint32_t status = 0;  // error reports: the sender's comm_status_t (kGoodbye: it left)
   uint64_t key = 0;     // derived from the job secret: a stray sender is refused
   uint64_t seq = 0;
   uint64_t count = 0;
@@ -91,6 +94,9 @@ struct Peer {
   uint64_t sent = 0, received = 0;  // messages posted to / expected from this peer
   int pid = 0;             // its process, when it shares this pid namespace
   bool watch_pid = false;  // no UCX failure handling to this peer: its pid is checked instead
+  int pidfd = -1;          // watch_pid: readable once the process exited, reaped or not (-1: kill(pid, 0))
+  bool left = false;       // it said GOODBYE (comm_destroy): its failure that follows is no death
+  int idle_failed = 0;     // check_idle calls that found it failed without GOODBYE
 };
 
 class UcxTransport final : public Transport {
@@ -118,6 +124,7 @@ class UcxTransport final : public Transport {
   void wake() override;
   void notify_peers(const Status& failure) override;
   void abort() override;  // any thread: a flag, and the eventfd wakes a blocked wait
+  Status check_idle() override;  // progress without blocking: failed peers, reports (progress.cc)
 
   // UCP callbacks (progress.cc).
   static void on_send(void* request, ucs_status_t status, void* user_data);
@@ -135,6 +142,10 @@ class UcxTransport final : public Transport {
   void check_pids();               // peers watched by pid: gone means failed
   Status block(int timeout_ms);    // arm the worker and poll its fd and ours
   Status peer_report();            // a peer's failure report, as this rank's failure
+  // An arrived report: a GOODBYE marks its sender as left and posts the receive again (OK);
+  // anything else is peer_report().
+  Status take_report();
+  void say_goodbye(std::vector<void*>* sends);  // comm_destroy (ucx_transport.cc)
   Status usable();
   Status fail(const Status& st) {
     if (failed_.ok()) failed_ = st;
