@@ -577,6 +577,11 @@ TEST_CASE("progress thread: a large message completes while its sender never cal
   size_t wrong = 0;
   for (size_t i = 0; i < bytes; ++i) wrong += in[i] != pattern(0, 1, i);
   CHECK(wrong == 0);
+  EnvGuard bad("COMM_SOCKET_PROGRESS_THREAD_BYTES", "-1");  // a bad value fails creation, named
+  std::unique_ptr<Transport> t;
+  Status st = create_socket_transport(options_for(0, 2, memory_store(unique_store_name())), &t);
+  CHECK(st.code() == COMM_ERR_INVALID_ARGUMENT);
+  CHECK_THAT(st.message(), Catch::Contains("COMM_SOCKET_PROGRESS_THREAD_BYTES"));
 }
 
 TEST_CASE("progress thread: a peer's failure it reads ends the caller's next wait at once, naming the peer",
@@ -589,12 +594,17 @@ TEST_CASE("progress thread: a peer's failure it reads ends the caller's next wai
   RequestId recv_id;
   REQUIRE(w.ranks[0]->irecv(1, tag(2, bytes), in.data(), bytes, &recv_id).ok());  // the thread watches
   w.ranks[1]->notify_peers(Internal("rank 1 broke on purpose"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the thread reads the ERROR frame first
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // the thread reads the ERROR frame meanwhile
+  // A small send completes as it is posted, so its wait needs no progress: only what the thread
+  // read can fail it (with the thread off, this wait returns OK).
+  uint32_t small = 7;
+  RequestId send_id;
+  REQUIRE(w.ranks[0]->isend(1, tag(3, sizeof small), &small, sizeof small, &send_id).ok());
   const auto start = std::chrono::steady_clock::now();
-  Status st = w.ranks[0]->wait(&recv_id, 1);
+  Status st = w.ranks[0]->wait(&send_id, 1);
   CHECK(st.code() == COMM_ERR_REMOTE);
   CHECK_THAT(st.message(), Catch::Contains("rank 1 reported") && Catch::Contains("broke on purpose"));
   CHECK(seconds_since(start) < 5.0);  // the timeout is 20 s
-  CHECK(w.ranks[0]->wait_failure().awaited.size() == 1);  // the wait still names whom it needed
+  CHECK(w.ranks[0]->wait(&recv_id, 1).code() == COMM_ERR_REMOTE);  // the transport stays failed
   w.ranks[0].reset();  // the thread stops with its transport
 }

@@ -12,6 +12,8 @@
 // abort() may be called from any thread and wakes every wait.
 #pragma once
 
+#include <atomic>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -221,7 +223,7 @@ class Transport {
   };
   // Read by the thread that drove the failed wait (the communicator's rule).
   const WaitFailure& wait_failure() const { return wait_failure_; }
-  bool peer_reported_timeout() const { return peer_reported_timeout_; }
+  bool peer_reported_timeout() const { return peer_reported_timeout_.load(std::memory_order_acquire); }
 
  protected:
   explicit Transport(Options options) : options_(std::move(options)) {}
@@ -229,7 +231,7 @@ class Transport {
   // per unfinished peer); only the first failed wait is kept, as the transport stays failed.
   void note_awaited(const Status& failure, int peer, const OpTag& tag) {
     if (wait_failure_sealed_ || failure.ok()) return;
-    wait_failure_.hang = wait_failure_.hang || failure.code() == COMM_ERR_TIMEOUT || peer_reported_timeout_;
+    wait_failure_.hang = wait_failure_.hang || failure.code() == COMM_ERR_TIMEOUT || peer_reported_timeout();
     for (const Awaited& a : wait_failure_.awaited)
       if (a.peer == peer) return;
     wait_failure_.awaited.push_back({peer, tag});
@@ -237,17 +239,19 @@ class Transport {
   // Ends the record of the failed wait (after its note_awaited calls).
   void seal_wait_failure(const Status& failure) {
     if (failure.ok() || wait_failure_sealed_) return;
-    wait_failure_.hang = wait_failure_.hang || failure.code() == COMM_ERR_TIMEOUT || peer_reported_timeout_;
+    wait_failure_.hang = wait_failure_.hang || failure.code() == COMM_ERR_TIMEOUT || peer_reported_timeout();
     wait_failure_sealed_ = true;
   }
   // A peer's report (an ERROR frame, a failure in its header) said its wait timed out.
-  void peer_timed_out() { peer_reported_timeout_ = true; }
+  void peer_timed_out() { peer_reported_timeout_.store(true, std::memory_order_release); }
   Options options_;
 
  private:
   WaitFailure wait_failure_;
   bool wait_failure_sealed_ = false;
-  bool peer_reported_timeout_ = false;
+  // Atomic: the socket transport's progress thread may set it while the routed transport reads
+  // it for its other half's failure (transports/routed/routed_transport.cc).
+  std::atomic<bool> peer_reported_timeout_{false};
 };
 
 // Convenience for algorithms: send and receive at once, wait for both.

@@ -117,11 +117,12 @@ struct comm_s {
   bool worker_stop = false;
   // The common pattern is comm_i* then comm_wait, which runs the call inline (wait_request): the
   // worker's wake-up per call is then pure cost (a futex wake and a context switch on a core
-  // another rank may need). While such inline runs keep coming (kLazyWindow), the idle worker
-  // looks at the queue every kLazyPoll instead of being woken per collective: a call nobody
-  // waits for still starts within kLazyPoll (execute.cc).
+  // another rank may need). While inline runs come faster than one per kLazyGap, the idle worker
+  // looks at the queue every kLazyPoll (for kLazyWindow after the last one) instead of being
+  // woken per collective: a call nobody waits for still starts within kLazyPoll (execute.cc).
   bool worker_lazy = false;  // the worker is in that timed wait: enqueue need not wake it
   std::chrono::steady_clock::time_point last_inline_run{};
+  std::chrono::steady_clock::duration inline_gap = std::chrono::hours(1);  // between the last two
   std::thread worker;
   std::vector<comm_request_s*> free_requests;  // recycled, so steady state allocates nothing
 

@@ -231,8 +231,17 @@ void collect(comm_t c, std::vector<InFlight>* inflight, Status st) {
   inflight->clear();
 }
 
-constexpr auto kLazyWindow = std::chrono::milliseconds(100);
+// A lazy worker wakes every kLazyPoll, up to kLazyWindow / kLazyPoll times after the last inline
+// run: worth it only when inline runs come faster than kLazyGap (a tight issue-then-wait loop),
+// not for a trainer's call every 10-50 ms, which one wake-up per call costs less.
+constexpr auto kLazyGap = std::chrono::milliseconds(1);
+constexpr auto kLazyWindow = std::chrono::milliseconds(10);
 constexpr auto kLazyPoll = std::chrono::milliseconds(1);
+
+// A thread about to block on the worker must not wait for its next look.
+void wake_lazy_worker(comm_t c) {
+  if (c->worker_lazy) c->queue_cv.notify_all();
+}
 
 void worker_loop(comm_t c) {
   log::set_thread_rank(c->rank);
@@ -247,7 +256,7 @@ void worker_loop(comm_t c) {
       c->worker_active.store(!c->queue.empty() || c->helping, std::memory_order_release);
       c->queue_cv.notify_all();
       while (!wake_up()) {
-        if (std::chrono::steady_clock::now() - c->last_inline_run < kLazyWindow) {
+        if (c->inline_gap < kLazyGap && std::chrono::steady_clock::now() - c->last_inline_run < kLazyWindow) {
           c->worker_lazy = true;  // comm_wait runs calls itself: look now and then, unwoken
           c->queue_cv.wait_for(lock, kLazyPoll, wake_up);
           c->worker_lazy = false;
@@ -333,7 +342,9 @@ Status wait_request(comm_request_s* req) {
       req->args.kind != transport::CollKind::kSendRecv) {
     c->queue.pop_front();
     c->helping = true;
-    c->last_inline_run = std::chrono::steady_clock::now();
+    const auto now = std::chrono::steady_clock::now();
+    c->inline_gap = now - c->last_inline_run;
+    c->last_inline_run = now;
     lock.unlock();
     Status st = execute(c, req->args);
     if (!st.ok()) {
@@ -349,6 +360,7 @@ Status wait_request(comm_request_s* req) {
     if (!c->queue.empty() || c->worker_stop) c->queue_cv.notify_all();
     return st;
   }
+  wake_lazy_worker(c);  // a call ahead of this one (or this one, behind the worker) must start now
   c->queue_cv.wait(lock, [&] { return req->done; });
   Status st = req->status;
   c->free_requests.push_back(req);

@@ -43,6 +43,7 @@ Status group_end() {
   for (comm_t c : comms) {
     {
       std::unique_lock<std::mutex> lock(c->queue_mu);
+      if (c->worker_lazy) c->queue_cv.notify_all();  // queued calls start now, not at its next look
       c->queue_cv.wait(lock, [&] { return c->queue.empty() && !c->worker_busy; });
     }
     std::vector<algo::CollArgs> p2p;

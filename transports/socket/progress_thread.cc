@@ -26,10 +26,23 @@ SocketTransport::Entry::Entry(SocketTransport& t) : t_(t) {
 }
 
 SocketTransport::Entry::~Entry() {
-  const bool work = t_.thread_.joinable() && t_.thread_has_work();
+  // Counted out under the lock, so the thread's check of callers_ (also under it) cannot miss
+  // the last caller leaving.
+  const bool last = t_.callers_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  const bool work = last && t_.thread_.joinable() && t_.thread_has_work();
+  // A thread blocked in poll() watches the connections as they were: this caller may have queued
+  // a send (POLLOUT), posted the receive of a stashed header (POLLIN) or installed a connection.
+  // Wake it to look again; a parked thread is only notified.
+  const bool repoll = work && t_.thread_polling_;
   lock_.unlock();
-  // The last caller out hands the open requests to the thread.
-  if (t_.callers_.fetch_sub(1, std::memory_order_acq_rel) == 1 && work) t_.thread_cv_.notify_one();
+  if (repoll) {
+    uint64_t one = 1;
+    if (::write(t_.thread_wake_.get(), &one, sizeof one) < 0) {
+      // Only fails when the counter would overflow: it is already signalled.
+    }
+  } else if (work) {
+    t_.thread_cv_.notify_one();  // the last caller out hands the open requests to the thread
+  }
 }
 
 bool SocketTransport::thread_has_work() const {
@@ -76,18 +89,21 @@ void SocketTransport::progress_thread_loop() {
     thread_pfds_.push_back({thread_wake_.get(), POLLIN, 0});
     thread_conn_of_.push_back(0);
     collect_polls(&thread_pfds_, &thread_conn_of_);
+    thread_polling_ = true;
     lock.unlock();
     // A caller that enters meanwhile takes the lock at once; this poll then ends at the next
     // event (or after kMaxBlockMs) and the thread parks.
     int rc = ::poll(thread_pfds_.data(), thread_pfds_.size(), kMaxBlockMs);
     lock.lock();
+    thread_polling_ = false;
     if (rc <= 0) continue;  // EINTR or nothing within the cap: look again
     if (thread_pfds_[0].revents & POLLIN) {
       uint64_t count = 0;
       ssize_t ignored = ::read(thread_wake_.get(), &count, sizeof count);
       (void)ignored;
     }
-    if (thread_stop_ || !thread_has_work()) continue;
+    // A caller waiting for the lock goes first: its own wait sees the same readiness.
+    if (thread_stop_ || callers_.load(std::memory_order_acquire) > 0 || !thread_has_work()) continue;
     Status st = handle_polls(thread_pfds_, thread_conn_of_, 1, thread_pfds_.size());
     if (!st.ok()) thread_failed_ = st;
   }

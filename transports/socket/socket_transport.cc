@@ -26,7 +26,7 @@ SocketTransport::SocketTransport(Options options, int nconns, std::unique_ptr<Me
   int64_t spin_us = 0;
   if (params::get_int("COMM_SOCKET_SPIN_US", 0, 1000000, &spin_us).ok()) spin_ = std::chrono::microseconds(spin_us);
   int64_t thread_bytes = 0;
-  if (params::get_int("COMM_SOCKET_PROGRESS_THREAD_BYTES", 0, INT64_MAX, &thread_bytes).ok())
+  if (params::get_int("COMM_SOCKET_PROGRESS_THREAD_BYTES", 0, INT64_MAX, &thread_bytes).ok())  // checked at creation
     thread_min_bytes_ = static_cast<uint64_t>(thread_bytes);
   heartbeat_ = std::chrono::milliseconds(options_.heartbeat_ms > 0 ? options_.heartbeat_ms : 0);
   heard_.assign(static_cast<size_t>(size()), Clock::time_point{});
@@ -208,11 +208,15 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
 Status SocketTransport::test(RequestId id, bool* done) {
   Entry entry(*this);
   COMM_RETURN_IF_ERROR(usable());
-  if (Status st = take_thread_failure(); !st.ok()) return fail(st);
   if (done == nullptr) return InvalidArgument("socket transport: null done pointer");
   uint32_t index;
   COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));
   Request& r = pool_[index];
+  if (Status st = take_thread_failure(); !st.ok()) {  // as drive() reports it: naming whom it needed
+    if (r.parts_left > 0) note_awaited(st, r.peer, r.tag);
+    seal_wait_failure(st);
+    return fail(st);
+  }
   if (r.parts_left > 0) {
     Status st = progress(0);
     if (!st.ok()) return fail(st);
@@ -272,8 +276,9 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
   Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return SystemError(me + ": socket transport: eventfd() failed: " + errno_string(errno));
 
-  int64_t eager = 0;
+  int64_t eager = 0, thread_bytes = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_EAGER", 0, 1, &eager));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_PROGRESS_THREAD_BYTES", 0, INT64_MAX, &thread_bytes));
   std::vector<MeshLink> links;
   std::unique_ptr<Mesh> mesh;
   if (options.size > 1) {

@@ -96,6 +96,7 @@ class SocketTransport final : public Transport {
   std::thread thread_;
   std::atomic<int> callers_{0};  // threads inside an entry point (waiting for or holding mu_)
   bool thread_stop_ = false;
+  bool thread_polling_ = false;  // the thread is in its unlocked poll(): a change needs thread_wake_
   uint64_t thread_min_bytes_ = 0;  // COMM_SOCKET_PROGRESS_THREAD_BYTES; 0: no progress thread
   uint32_t open_large_ = 0;       // unfinished requests of at least thread_min_bytes_
   Status thread_failed_;          // a peer's ERROR frame or a protocol error the thread read
