@@ -121,6 +121,9 @@ struct comm_s {
   // looks at the queue every kLazyPoll (for kLazyWindow after the last one) instead of being
   // woken per collective: a call nobody waits for still starts within kLazyPoll (execute.cc).
   bool worker_lazy = false;  // the worker is in that timed wait: enqueue need not wake it
+  // A thread in comm_wait runs the queued collectives up to its own (wait_request): the worker
+  // takes no collective meanwhile, once it has no sends/receives in flight.
+  bool claim_wanted = false;
   std::chrono::steady_clock::time_point last_inline_run{};
   std::chrono::steady_clock::duration inline_gap = std::chrono::hours(1);  // between the last two
   std::thread worker;
