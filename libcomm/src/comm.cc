@@ -596,13 +596,15 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
 }
 
 void destroy_communicator(comm_t c) {
-  stop_watcher(c);  // first: it must not look at a transport that goes away
   {
     std::lock_guard<std::mutex> lock(c->queue_mu);
     c->worker_stop = true;
   }
   c->queue_cv.notify_all();
   if (c->worker.joinable()) c->worker.join();  // drains: every queued call is bounded by the timeout
+  // After the drain (its heartbeat keeps idle peers from taking a long drain for a stopped rank),
+  // before anything goes away: it must not look at a transport that goes away.
+  stop_watcher(c);
   for (auto* r : c->free_requests) delete r;
   device::release(c);  // before the transport: a graceful NCCL finalize may still need peers
   c->transport.reset();
