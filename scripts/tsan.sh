@@ -20,8 +20,11 @@ step "ThreadSanitizer: $dir/tests/unit_tests '$spec'"
 "$dir/tests/unit_tests" "$spec" 2>&1 | tee "$dir/tsan-unit.log" || status=1
 step "ThreadSanitizer: $dir/tests/engine_tests '[engine]~[deadline]'"
 "$dir/tests/engine_tests" '[engine]~[deadline]' 2>&1 | tee "$dir/tsan-engine.log" || status=1
+# The ABI's non-blocking calls with ranks as threads: the worker, comm_wait running queued calls.
+step "ThreadSanitizer: $dir/tests/abi/abi_tests '[nonblocking]'"
+"$dir/tests/abi/abi_tests" '[nonblocking]' 2>&1 | tee "$dir/tsan-abi.log" || status=1
 # grep -c exits 1 when it counts nothing: a clean run must not end the script (set -e, pipefail).
-races=$({ grep -c "WARNING: ThreadSanitizer" "$dir/tsan-unit.log" "$dir/tsan-engine.log" || true; } |
+races=$({ grep -c "WARNING: ThreadSanitizer" "$dir/tsan-unit.log" "$dir/tsan-engine.log" "$dir/tsan-abi.log" || true; } |
   awk -F: '{s += $2} END {print s + 0}')
 step "ThreadSanitizer reports: $races (logs in $dir/tsan-*.log)"
 ((races == 0 && status == 0))
