@@ -216,10 +216,12 @@ bool Engine::check_output_paths() {
       if (!path.empty() && why.empty()) why = check_writable(flag, path);
     }
   }
+  // Said before the verdict is shared: the other ranks exit as soon as they learn it, and a
+  // launcher (comm-run) then stops rank 0, which could otherwise die before it says why.
+  if (!why.empty()) std::fprintf(stderr, "# %s: %s\n", prog_, why.c_str());
   double bad = 0;
   if (!b_.reduce_value(why.empty() ? 0.0 : 1.0, COMM_SUM, &bad)) return fail("sharing the output check");
   if (bad == 0) return true;
-  if (rank_ == 0) std::fprintf(stderr, "# %s: %s\n", prog_, why.c_str());
   (void)b_.finish();
   return false;
 }
