@@ -77,6 +77,28 @@ void check_noticed(const Idle& run, int victim, std::vector<comm_status_t> expec
 
 }  // namespace
 
+// Rank 0 finishes at once, the others stay idle in their own code for idle_ms and then finish:
+// none may report rank 0 (it said GOODBYE) or anyone else.
+void check_staggered_finish(Env env, const char* idle_ms, int timeout_ms) {
+  TempDir dir;
+  const int n = 3;
+  const int port = free_port();
+  auto procs = launch(dir, "idle", n, [&](int r) {
+    Env e = env;
+    for (const auto& kv : Env{{"COMM_HEARTBEAT_MS", "200"}, {"IDLE_VICTIM", "-1"},
+                              {"IDLE_WAIT_MS", r == 0 ? "0" : idle_ms}, {"IDLE_NO_NEXT", "1"}})
+      e.push_back(kv);
+    return torchrun_env(r, n, port, timeout_ms, e);
+  });
+  CHECK(wait_all(procs, now_ms() + 60000));
+  INFO(describe_all(procs));
+  for (int r = 1; r < n; ++r) {
+    int async = -1;
+    if (auto a = line_after(procs[static_cast<size_t>(r)].output(), "ASYNC ")) std::istringstream(*a) >> async;
+    CHECK(async == COMM_OK);
+  }
+}
+
 TEST_CASE("idle: a SIGKILLed rank is reported by every idle survivor's comm_get_async_error within seconds, and "
           "their next call fails at once naming it (sockets, shared memory)",
           "[idle]") {
@@ -127,21 +149,7 @@ TEST_CASE("idle: ranks that finish at different times, or compute longer than th
   // async error (nobody is signalled: no victim).
   for (const char* transport : {"socket", "shm"}) {
     INFO("COMM_TRANSPORT=" << transport);
-    TempDir dir;
-    const int n = 3;
-    const int port = free_port();
-    auto procs = launch(dir, "idle", n, [&](int r) {
-      Env env = {{"COMM_TRANSPORT", transport}, {"COMM_HEARTBEAT_MS", "200"}, {"IDLE_VICTIM", "-1"},
-                 {"IDLE_WAIT_MS", r == 0 ? "0" : "6000"}, {"IDLE_NO_NEXT", "1"}};
-      return torchrun_env(r, n, port, 2000, env);
-    });
-    CHECK(wait_all(procs, now_ms() + 60000));
-    INFO(describe_all(procs));
-    for (int r = 1; r < n; ++r) {
-      int async = -1;
-      if (auto a = line_after(procs[static_cast<size_t>(r)].output(), "ASYNC ")) std::istringstream(*a) >> async;
-      CHECK(async == COMM_OK);
-    }
+    check_staggered_finish({{"COMM_TRANSPORT", transport}}, "6000", 2000);
   }
 }
 
@@ -160,20 +168,6 @@ TEST_CASE("idle over UCX: a SIGKILLed rank is reported by every idle survivor wi
       INFO(describe_all(run.procs));
       check_noticed(run, victim, {COMM_ERR_REMOTE}, 10000, 5000);
     }
-    TempDir dir;
-    const int n = 3;
-    const int port = free_port();
-    auto procs = launch(dir, "idle", n, [&](int r) {
-      Env env = {{"COMM_TRANSPORT", "ucx"}, {"UCX_TLS", tls}, {"COMM_HEARTBEAT_MS", "200"}, {"IDLE_VICTIM", "-1"},
-                 {"IDLE_WAIT_MS", r == 0 ? "0" : "3000"}, {"IDLE_NO_NEXT", "1"}};
-      return torchrun_env(r, n, port, 30000, env);
-    });
-    CHECK(wait_all(procs, now_ms() + 60000));
-    INFO(describe_all(procs));
-    for (int r = 1; r < n; ++r) {
-      int async = -1;
-      if (auto a = line_after(procs[static_cast<size_t>(r)].output(), "ASYNC ")) std::istringstream(*a) >> async;
-      CHECK(async == COMM_OK);
-    }
+    check_staggered_finish({{"COMM_TRANSPORT", "ucx"}, {"UCX_TLS", tls}}, "3000", 30000);
   }
 }
