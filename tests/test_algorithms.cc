@@ -352,6 +352,40 @@ TEST_CASE("scratch: 64-byte aligned, at least 64 KiB, grown by powers of two, re
   CHECK(s.get(10, -1) == nullptr);
 }
 
+TEST_CASE("ring: sends whose data is final go out ahead of the receives (COMM_RING_SENDS, default 8)",
+          "[algorithms]") {
+  // A rank that only ever had the chunk it was working on queued left a loaded host's link idle
+  // whenever it waited for a CPU slice (docs/benchmarks.md, sockets under load). Here each block
+  // is 16 chunks: the first step's sends are all final at once, so up to 8 are in flight before
+  // the first receive completes; the old window of 2 sends and 2 receives never passed 4.
+  const int n = 3;
+  const size_t chunk = 4096, count = size_t{16} * chunk / 4 * n;
+  std::vector<std::vector<float>> buf(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) buf[static_cast<size_t>(r)][i] = static_cast<float>((i + static_cast<size_t>(r)) % 7);
+  RunResult res = run_ranks(n, chunk, kTimeoutMs, [&](Context& ctx, RunResult&) {
+    CollArgs a;
+    a.kind = CollKind::kAllreduce;
+    a.sendbuf = buf[static_cast<size_t>(ctx.rank)].data();
+    a.recvbuf = buf[static_cast<size_t>(ctx.rank)].data();
+    a.count = count;
+    a.dtype = COMM_FLOAT32;
+    a.op = COMM_SUM;
+    a.tag.coll = CollKind::kAllreduce;
+    return comm::algo::run_collective(ctx, a, "ring");
+  });
+  for (const auto& st : res.status) CHECK(st.message() == "");
+  CHECK(res.peak_requests > 4);
+  CHECK(res.peak_requests <= kMaxRequestsInFlight);
+  CHECK(res.leftover == 0);
+  for (size_t i = 0; i < count; ++i) {
+    const float want = static_cast<float>(i % 7 + (i + 1) % 7 + (i + 2) % 7);
+    if (buf[0][i] != want || buf[1][i] != want || buf[2][i] != want) {
+      FAIL("element " << i << ": " << buf[0][i] << " " << buf[1][i] << " " << buf[2][i] << ", want " << want);
+    }
+  }
+}
+
 TEST_CASE("large buffers: 64 MiB per rank through the ring allreduce", "[algorithms]") {
   Case c;
   c.kind = CollKind::kAllreduce;

@@ -74,6 +74,9 @@ const std::vector<Param>& all() {
       {"COMM_RING_DEPTH", Type::kInt, "2",
        "ring algorithms: chunks in flight each way (receives posted ahead of the one being reduced, sends not yet "
        "retired), 2..4", nullptr},
+      {"COMM_RING_SENDS", Type::kInt, "8",
+       "ring algorithms: sends in flight to the next rank, each posted once its data is final (more data queued in "
+       "the kernel while the rank waits for a CPU or a peer), 1..16", nullptr},
       {"COMM_SMALL_MSG_BYTES", Type::kInt, "65536",
        "all-reduce up to this size uses the latency algorithm (recursive doubling)", nullptr},
       // the gradient engine (libcomm/src/engine/)

@@ -18,8 +18,9 @@ using comm::transport::CollKind;
 
 constexpr size_t kDefaultChunk = 524288;
 constexpr int kTimeoutMs = 20000;
-// Ring: two receives and two sends; binomial reduce: two chunks of each child's data + sends.
-constexpr size_t kMaxRequestsInFlight = 8;
+// Ring, by default: two receives (COMM_RING_DEPTH) and eight sends (COMM_RING_SENDS); binomial
+// reduce: two chunks of each child's data + sends.
+constexpr size_t kMaxRequestsInFlight = 10;
 
 size_t esize(comm_dtype_t dt);
 // One Scratch per rank kept across cases, as a communicator keeps its own.

@@ -64,6 +64,18 @@ Status SendWindow::post(int peer, const transport::OpTag& tag, const void* buf, 
   return Status::Ok();
 }
 
+Status SendWindow::has_room(bool* room) {
+  while (count_ == depth_) {
+    bool done = false;
+    COMM_RETURN_IF_ERROR(t_.test(ids_[head_], &done));  // releases the request when done
+    if (!done) break;
+    head_ = (head_ + 1) % kMax;
+    --count_;
+  }
+  *room = count_ < depth_;
+  return Status::Ok();
+}
+
 Status SendWindow::retire_oldest() {
   if (count_ == 0) return Status::Ok();
   transport::RequestId id = ids_[head_];

@@ -63,14 +63,18 @@ Status wait_one(transport::Transport& t, transport::RequestId id);
 Status exchange(Context& ctx, const CollArgs& args, int send_peer, const void* sendbuf, size_t send_bytes,
                 int recv_peer, void* recvbuf, size_t recv_bytes);
 
-// Up to kMax sends in flight, retired oldest first (a bounded use of the transport's
-// request pool however many chunks a call has).
+// Up to `depth` (at most kMax) sends in flight, retired oldest first (a bounded use of the
+// transport's request pool however many chunks a call has).
 class SendWindow {
  public:
-  static constexpr int kMax = 4;  // COMM_RING_DEPTH's upper bound
+  static constexpr int kMax = 16;  // COMM_RING_SENDS' upper bound
   explicit SendWindow(transport::Transport& t, int depth = 2) : t_(t), depth_(depth < 1 ? 1 : depth > kMax ? kMax : depth) {}
-  // Posts a send tagged with the caller's sequence index `idx` (increasing).
+  // Posts a send tagged with the caller's sequence index `idx` (increasing); when the window is
+  // full, first waits for the oldest.
   Status post(int peer, const transport::OpTag& tag, const void* buf, size_t bytes, long idx);
+  // Retires the sends that have completed, oldest first (transport progress without blocking),
+  // and says whether post() would now go without waiting.
+  Status has_room(bool* room);
   Status retire_oldest();
   // Waits every send whose index is <= idx (their buffers may then be overwritten).
   Status retire_through(long idx);

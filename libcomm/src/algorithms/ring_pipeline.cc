@@ -1,5 +1,7 @@
 #include "algorithms/ring_pipeline.h"
 
+#include <algorithm>
+
 #include "log.h"
 #include "params.h"
 
@@ -34,8 +36,28 @@ class RingRun {
     }();
     return d;
   }
+  // COMM_RING_SENDS: sends in flight to the right neighbour. A send goes out as soon as its data
+  // is final (its chunk of the previous step received and reduced), up to this many ahead, so
+  // the kernel's socket buffer holds data to send while this rank waits for a CPU slice or for
+  // its left neighbour: with only the chunk being worked on queued, a busy host idled the link.
+  static int sends_param() {
+    static const int d = [] {
+      int64_t v = 8;
+      Status st = params::get_int("COMM_RING_SENDS", 1, SendWindow::kMax, &v);
+      if (!st.ok()) {
+        COMM_WARN(kAlg, "%s; using 8", st.message().c_str());
+        v = 8;
+      }
+      return static_cast<int>(v);
+    }();
+    return d;
+  }
   RingRun(Context& ctx, const CollArgs& args, const RingJob& job)
-      : ctx_(ctx), args_(args), job_(job), depth_(depth_param()), sends_(ctx.transport, depth_param()) {}
+      : ctx_(ctx),
+        args_(args),
+        job_(job),
+        depth_(depth_param()),
+        sends_(ctx.transport, std::max(depth_param(), sends_param())) {}
 
   Status run() {
     const int n = ctx_.size;
@@ -56,9 +78,14 @@ class RingRun {
     const long total = nchunks_ * (job_.rs_steps + job_.ag_steps);
     const long ahead = depth_ - 1;
     for (long k = 0; k < ahead && k < total; ++k) COMM_RETURN_IF_ERROR(post_recv(k));
+    total_ = total;
     for (long k = 0; k < total; ++k) {
       const Item it = item(k);
-      if (it.send_len > 0) COMM_RETURN_IF_ERROR(sends_.post(right_, args_.tag, it.src, it.send_len * esz_, k));
+      // This item's send is due now (waiting for window room if need be); later ones whose data
+      // is final go too while the window has room, never waiting: a rank blocked on a send
+      // ahead of what its neighbour has posted receives for could wait on a ring of such waits.
+      while (next_send_ <= k) COMM_RETURN_IF_ERROR(post_send(next_send_++));
+      COMM_RETURN_IF_ERROR(post_sends_ahead(k));
       // Posted before this chunk is reduced, so the next chunks' bytes land meanwhile.
       if (k + ahead < total) COMM_RETURN_IF_ERROR(post_recv(k + ahead));
       if (it.recv_len > 0) {
@@ -99,6 +126,27 @@ class RingRun {
     return it;
   }
 
+  Status post_send(long j) {
+    const Item it = item(j);
+    if (it.send_len == 0) return Status::Ok();
+    return sends_.post(right_, args_.tag, it.src, it.send_len * esz_, j);
+  }
+
+  // Item j sends what item j - nchunks received (and reduced): final once the loop is past it,
+  // so at item k the sends through k + nchunks - 1 may go. Step 0 sends this rank's own input.
+  Status post_sends_ahead(long k) {
+    const long last = std::min(total_ - 1, k + nchunks_ - 1);
+    while (next_send_ <= last) {
+      if (item(next_send_).send_len > 0) {
+        bool room = false;
+        COMM_RETURN_IF_ERROR(sends_.has_room(&room));
+        if (!room) break;
+      }
+      COMM_RETURN_IF_ERROR(post_send(next_send_++));
+    }
+    return Status::Ok();
+  }
+
   Status post_recv(long k) {
     const Item it = item(k);
     if (it.recv_len == 0) return Status::Ok();
@@ -128,6 +176,8 @@ class RingRun {
   size_t esz_ = 0;
   size_t ce_ = 1;
   long nchunks_ = 0;
+  long total_ = 0;
+  long next_send_ = 0;  // items below it have their send posted
   int left_ = 0;
   int right_ = 0;
   int owned_ = 0;
