@@ -100,7 +100,8 @@ def powerSGD_before_its_start_is_the_allreduce(comm):
 def powerSGD_at_full_rank_is_the_average(comm):
     # The average's rank is at most 16 (2 ranks x 8 samples, a sum of outer products per sample):
     # with rank 16, P P^T projects on its column space, so P Q^T is the average (to the rounding
-    # of fp32 Gram-Schmidt: 2e-4 of the largest element measured).
+    # of fp32 Gram-Schmidt: 2e-4 of the largest element measured with Debian's reference BLAS,
+    # 1.3e-3 with OpenBLAS, which docs tell users to install; a wrong average is off by O(1)).
     # Partitions large enough to hold whole matrices.
     state = PowerSGDState(matrix_approximation_rank=16, start_powerSGD_iter=0, min_compression_rate=0,
                           use_error_feedback=False)
@@ -109,7 +110,7 @@ def powerSGD_at_full_rank_is_the_average(comm):
     for step, (x, y) in enumerate(zip(g_psgd, g_ref)):
         for i, (u, v) in enumerate(zip(x, y)):
             err, scale = (u - v).abs().max().item(), v.abs().max().item()
-            assert err <= 1e-3 * scale, f"step {step} gradient {i}: {err} off, of {scale}"
+            assert err <= 5e-3 * scale, f"step {step} gradient {i}: {err} off, of {scale}"
     assert state.iter == 2
 
 

@@ -26,7 +26,8 @@ def child():
 
     dist.init_process_group("libcomm", timeout=datetime.timedelta(seconds=TIMEOUT_S))
     rank, size = dist.get_rank(), dist.get_world_size()
-    t = torch.ones(1 << 22)  # 16 MiB: long enough to be caught in the middle
+    t = torch.ones(1 << 24)  # 64 MiB, ~20 ms on a quiet host: caught in the middle (16 MiB took ~5 ms, the
+    # victim's sleep below, and sometimes finished first)
     dist.all_reduce(t)
     assert t[0].item() == size
     if rank == size - 1:
