@@ -38,7 +38,7 @@ bool SocketTransport::flush_beat(Connection& c) {
     ssize_t n = ::send(c.fd.get(), from, c.beat_left, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (!would_block(errno)) close_connection(c, "reset its connection (" + errno_string(errno) + ")", true);
+      if (!would_block(errno)) close_after_send_error(c, errno);
       return false;
     }
     c.beat_left = static_cast<uint8_t>(c.beat_left - static_cast<size_t>(n));  // not progress (moved_)

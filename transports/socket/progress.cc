@@ -38,13 +38,18 @@ Status SocketTransport::handle_polls(const std::vector<pollfd>& pfds, const std:
     if (re == 0) continue;
     Connection& c = conns_[conn_of[k]];
     if (c.closed || c.fd.get() != pfds[k].fd) continue;
-    if ((!c.sends.empty() || c.beat_left != 0) && (re & (POLLOUT | POLLERR | POLLHUP))) send_progress(c);
-    if (c.closed) continue;
+    // Read before writing: a peer that failed sends an ERROR frame naming the cause, then exits,
+    // and its kernel resets the connection if our data was still unread; the reset fails our
+    // next write, but the frame before it is still readable, and it, not "rank N reset its
+    // connection", must be what this rank learns (with sends queued ahead, as the ring does, our
+    // data is often unread when the peer exits).
     if (c.state == RecvState::kStashed) {
       if (re & (POLLERR | POLLHUP)) c.hup_seen = true;
-      continue;
+    } else if (re & (POLLIN | POLLERR | POLLHUP)) {
+      COMM_RETURN_IF_ERROR(recv_progress(c));
     }
-    if (re & (POLLIN | POLLERR | POLLHUP)) COMM_RETURN_IF_ERROR(recv_progress(c));
+    if (c.closed) continue;
+    if ((!c.sends.empty() || c.beat_left != 0) && (re & (POLLOUT | POLLERR | POLLHUP))) send_progress(c);
   }
   return Status::Ok();
 }
@@ -88,7 +93,12 @@ Status SocketTransport::progress(int timeout_ms) {
 
 void SocketTransport::send_progress(Connection& c) {
   if (c.beat_left != 0 && !flush_beat(c)) return;  // a heartbeat's rest goes before the next frame
-  while (!c.sends.empty() && !c.closed) {
+  while (!c.sends.empty() && !c.closed)
+    if (!write_head_frame(c)) return;
+}
+
+bool SocketTransport::write_head_frame(Connection& c) {
+  for (;;) {
     Part& p = part(c.sends.head);
     Request& r = owner(c.sends.head);
     if (p.done == 0) {
@@ -119,16 +129,30 @@ void SocketTransport::send_progress(Connection& c) {
     ssize_t n = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (!would_block(errno)) close_connection(c, "reset its connection (" + errno_string(errno) + ")", true);
-      return;
+      if (!would_block(errno)) close_after_send_error(c, errno);
+      return false;
     }
     moved_ += static_cast<uint64_t>(n);
     p.done += static_cast<uint64_t>(n);
-    if (p.done < kHeaderBytes + p.length) return;  // the socket buffer is full
+    if (p.done < kHeaderBytes + p.length) return false;  // the socket buffer is full
     pop(c.sends);
     p.finished = true;
     part_done(r);
+    return true;
   }
+}
+
+void SocketTransport::close_after_send_error(Connection& c, int err) {
+  // A peer that failed wrote an ERROR frame naming the cause, then exited, and its kernel reset
+  // the connection because our data was unread. The frame is still readable before the reset:
+  // read it, so that this rank's next wait reports it (through thread_failed_, which every wait
+  // and test take first) rather than "rank N reset its connection", which blames a healthy rank.
+  // With sends queued ahead (the ring) our data is often unread when such a peer exits.
+  if (c.state != RecvState::kStashed) {
+    Status st = recv_progress(c);
+    if (!st.ok() && thread_failed_.ok()) thread_failed_ = st;
+  }
+  if (!c.closed) close_connection(c, "reset its connection (" + errno_string(err) + ")", true);
 }
 
 // false: stop reading this connection for now (would block, or it closed).
@@ -311,23 +335,40 @@ void SocketTransport::notify_peers(const Status& failure) {
     for (auto& link : new_links_) install(link);
     mesh_->stop_listening();
   }
-  // Every connection not in the middle of a frame: a receiver stalled on one connection
-  // (a stashed header) may still see the others.
+  // Every connection: one in the middle of a frame first finishes that frame (its buffer is the
+  // failing call's, still valid), else its receiver, reading that frame, would see the close cut
+  // it and blame this rank; with sends queued ahead (the ring) a connection is mid-frame most of
+  // the time. A receiver stalled on one connection (a stashed header) may still see the others.
   struct Out {
-    int fd;
+    Connection* c;
     size_t sent;
+    bool gone;  // the peer is gone: nothing to tell
   };
   std::vector<Out> outs;
   for (auto& c : conns_) {
     if (c.closed || !c.fd.valid()) continue;
-    if (mid_frame(c)) continue;
-    outs.push_back({c.fd.get(), 0});
+    outs.push_back({&c, 0, false});
   }
   const Clock::time_point deadline = Clock::now() + kNotifyBudget;
   std::vector<pollfd> pending;
+  size_t told = 0;
   for (;;) {
     pending.clear();
+    told = 0;
     for (auto& o : outs) {
+      Connection& c = *o.c;
+      if (o.sent == 0 && !c.closed && mid_frame(c)) {
+        if (c.beat_left != 0) (void)flush_beat(c);
+        else (void)write_head_frame(c);
+        if (c.closed) {
+          o.sent = total;
+          o.gone = true;
+        } else if (mid_frame(c)) {
+          pending.push_back({c.fd.get(), POLLOUT, 0});
+          continue;
+        }
+      }
+      const int fd = c.fd.get();
       while (o.sent < total) {
         iovec iov[2];
         int niov = 0;
@@ -337,24 +378,28 @@ void SocketTransport::notify_peers(const Status& failure) {
         msghdr msg{};
         msg.msg_iov = iov;
         msg.msg_iovlen = static_cast<size_t>(niov);
-        ssize_t n = ::sendmsg(o.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
           o.sent += static_cast<size_t>(n);
         } else if (n < 0 && errno == EINTR) {
           continue;
         } else {
-          if (n < 0 && !would_block(errno)) o.sent = total;  // that peer is gone: nothing to tell
+          if (n < 0 && !would_block(errno)) {
+            o.sent = total;
+            o.gone = true;
+          }
           break;
         }
       }
-      if (o.sent < total) pending.push_back({o.fd, POLLOUT, 0});
+      if (o.sent < total) pending.push_back({fd, POLLOUT, 0});
+      else if (!o.gone) ++told;
     }
     Clock::time_point now = Clock::now();
     if (pending.empty() || now >= deadline) break;
     if (::poll(pending.data(), pending.size(), ProgressClock::ceil_ms(deadline - now, kMaxBlockMs)) < 0 && errno != EINTR) break;
   }
-  COMM_INFO(kNet, "%s: told %zu connection(s) of its peers that it failed: %s", me().c_str(), outs.size(),
-            text.c_str());
+  COMM_INFO(kNet, "%s: told %zu of %zu connection(s) of its peers that it failed: %s", me().c_str(), told,
+            outs.size(), text.c_str());
   (void)fail(reason);
 }
 

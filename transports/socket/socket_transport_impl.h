@@ -123,6 +123,11 @@ class SocketTransport final : public Transport {
   void install(MeshLink& link);
   void unreachable(const MeshFailure& f);
   void send_progress(Connection& c);
+  // Writes the frame of c.sends.head (the head part: header and payload) as far as the socket
+  // takes it; true when it is all out (the part is then done and popped).
+  bool write_head_frame(Connection& c);
+  // A write failed for good: reads what the peer sent before closing c (its ERROR frame).
+  void close_after_send_error(Connection& c, int err);
   Status recv_progress(Connection& c);
   bool handle_recv_result(Connection& c, ssize_t n);
   Status on_header(Connection& c);
