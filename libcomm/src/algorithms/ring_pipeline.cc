@@ -21,19 +21,22 @@ struct Item {
   size_t chunk_off = 0;  // elements into the block
 };
 
+// An integer setting read once; a bad value warns and falls back to the default.
+int int_param(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  int64_t v = fallback;
+  Status st = params::get_int(name, lo, hi, &v);
+  if (!st.ok()) {
+    COMM_WARN(kAlg, "%s; using %lld", st.message().c_str(), static_cast<long long>(fallback));
+    v = fallback;
+  }
+  return static_cast<int>(v);
+}
+
 class RingRun {
  public:
   // COMM_RING_DEPTH: chunks in flight each way (receives posted ahead, sends not yet retired).
   static int depth_param() {
-    static const int d = [] {
-      int64_t v = 2;
-      Status st = params::get_int("COMM_RING_DEPTH", 2, 4, &v);
-      if (!st.ok()) {
-        COMM_WARN(kAlg, "%s; using 2", st.message().c_str());
-        v = 2;
-      }
-      return static_cast<int>(v);
-    }();
+    static const int d = int_param("COMM_RING_DEPTH", 2, 2, 4);
     return d;
   }
   // COMM_RING_SENDS: sends in flight to the right neighbour. A send goes out as soon as its data
@@ -41,15 +44,7 @@ class RingRun {
   // the kernel's socket buffer holds data to send while this rank waits for a CPU slice or for
   // its left neighbour: with only the chunk being worked on queued, a busy host idled the link.
   static int sends_param() {
-    static const int d = [] {
-      int64_t v = 8;
-      Status st = params::get_int("COMM_RING_SENDS", 1, SendWindow::kMax, &v);
-      if (!st.ok()) {
-        COMM_WARN(kAlg, "%s; using 8", st.message().c_str());
-        v = 8;
-      }
-      return static_cast<int>(v);
-    }();
+    static const int d = int_param("COMM_RING_SENDS", 8, 1, SendWindow::kMax);
     return d;
   }
   RingRun(Context& ctx, const CollArgs& args, const RingJob& job)
@@ -75,16 +70,15 @@ class RingRun {
       COMM_RETURN_IF_ERROR(scratch_get(ctx_, static_cast<size_t>(depth_) * ce_ * esz_, 0, &staging));
       for (int i = 0; i < depth_; ++i) staging_[i] = static_cast<char*>(staging) + static_cast<size_t>(i) * ce_ * esz_;
     }
-    const long total = nchunks_ * (job_.rs_steps + job_.ag_steps);
+    const long total = total_items();
     const long ahead = depth_ - 1;
     for (long k = 0; k < ahead && k < total; ++k) COMM_RETURN_IF_ERROR(post_recv(k));
-    total_ = total;
     for (long k = 0; k < total; ++k) {
       const Item it = item(k);
       // This item's send is due now (waiting for window room if need be); later ones whose data
       // is final go too while the window has room, never waiting: a rank blocked on a send
       // ahead of what its neighbour has posted receives for could wait on a ring of such waits.
-      while (next_send_ <= k) COMM_RETURN_IF_ERROR(post_send(next_send_++));
+      for (; next_send_ <= k; ++next_send_) COMM_RETURN_IF_ERROR(post_send(next_send_, item(next_send_)));
       COMM_RETURN_IF_ERROR(post_sends_ahead(k));
       // Posted before this chunk is reduced, so the next chunks' bytes land meanwhile.
       if (k + ahead < total) COMM_RETURN_IF_ERROR(post_recv(k + ahead));
@@ -126,8 +120,7 @@ class RingRun {
     return it;
   }
 
-  Status post_send(long j) {
-    const Item it = item(j);
+  Status post_send(long j, const Item& it) {
     if (it.send_len == 0) return Status::Ok();
     return sends_.post(right_, args_.tag, it.src, it.send_len * esz_, j);
   }
@@ -135,17 +128,21 @@ class RingRun {
   // Item j sends what item j - nchunks received (and reduced): final once the loop is past it,
   // so at item k the sends through k + nchunks - 1 may go. Step 0 sends this rank's own input.
   Status post_sends_ahead(long k) {
-    const long last = std::min(total_ - 1, k + nchunks_ - 1);
+    const long last = std::min(total_items() - 1, k + nchunks_ - 1);
     while (next_send_ <= last) {
-      if (item(next_send_).send_len > 0) {
+      const Item it = item(next_send_);
+      if (it.send_len > 0) {
         bool room = false;
         COMM_RETURN_IF_ERROR(sends_.has_room(&room));
         if (!room) break;
       }
-      COMM_RETURN_IF_ERROR(post_send(next_send_++));
+      COMM_RETURN_IF_ERROR(post_send(next_send_, it));
+      ++next_send_;
     }
     return Status::Ok();
   }
+
+  long total_items() const { return nchunks_ * (job_.rs_steps + job_.ag_steps); }
 
   Status post_recv(long k) {
     const Item it = item(k);
@@ -176,7 +173,6 @@ class RingRun {
   size_t esz_ = 0;
   size_t ce_ = 1;
   long nchunks_ = 0;
-  long total_ = 0;
   long next_send_ = 0;  // items below it have their send posted
   int left_ = 0;
   int right_ = 0;
