@@ -7,9 +7,10 @@
 // timed out may still receive the late reply, so it is closed, never reused. release_idle()
 // empties the pool once a communicator is up. A connection the server closed before it
 // answered (a pooled one gone stale, or one the server shed at its descriptor limit, see
-// tcp_store_server.cc) is retried on a new connection: the server closes only connections
-// with no request in progress, so nothing ran twice. If no new connection can be made, rank
-// 0 is gone and the request fails at once.
+// tcp_store_admission.cc) is retried on a new connection, with backoff, within the request's
+// deadline: the server closes only connections with no request in progress, so nothing ran
+// twice, and a burst of ranks at a full server gets in as room frees. Only a refused connection
+// (nobody listens on the port any more: rank 0 is gone) ends the request at once.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -17,9 +18,11 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -99,6 +102,15 @@ class Client final : public Store {
     return deadline.remaining_ms(options_.timeout_ms > 0 ? options_.timeout_ms : 1);
   }
 
+  // Half to all of backoff_ms, at random: ranks a full server turned away together do not all
+  // come back in the same millisecond.
+  void sleep_backoff(int backoff_ms, Deadline deadline) {
+    thread_local std::minstd_rand jitter(static_cast<unsigned>(::getpid()) ^
+                                         static_cast<unsigned>(Clock::now().time_since_epoch().count()));
+    const int ms = backoff_ms / 2 + static_cast<int>(jitter() % static_cast<unsigned>(backoff_ms / 2 + 1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(ms, ms_left(deadline))));
+  }
+
   void release_idle() override {
     std::lock_guard<std::mutex> lock(mu_);
     idle_.clear();
@@ -111,21 +123,20 @@ class Client final : public Store {
       Status st = connect(deadline.at() < limit.at() ? deadline : limit, options_.timeout_ms, &fd);
       if (!st.ok()) return st.prefixed(std::string("store ") + op_name(op) + " of key '" + key + "': ");
     }
-    int backoff_ms = kFirstBackoffMs;
     for (;;) {
       bool closed_early = false;
       Status st = call_on(fd, op, key, value, deadline, payload, &closed_early);
       if (!closed_early || deadline.expired()) return st;
-      // Closed before any answer: shed or stale. One new connection, without the retry loop:
-      // refused means rank 0 is gone, and the caller hears that now.
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, ms_left(deadline))));
-      backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
-      bool final = false;
-      fd = posix::Fd();
-      Status again = connect_once(deadline, &fd, &final);
-      if (!again.ok()) return final ? again : st;
-      COMM_TRACE(kStore, "store %s of key '%s': the server closed the connection before answering; retried on a "
+      // Closed before any answer: shed at rank 0's connection limit, or stale. Back in with
+      // the same backoff as the first connection, until the deadline; refused means rank 0 is
+      // gone, and the caller hears that now.
+      COMM_TRACE(kStore, "store %s of key '%s': the server closed the connection before answering; retrying on a "
                  "new one", op_name(op), key.c_str());
+      fd = posix::Fd();
+      Status again = connect(deadline, options_.timeout_ms, &fd, Rejoin::kRefusedIsFinal);
+      if (!again.ok())
+        return again.prefixed(std::string("store ") + op_name(op) + " of key '" + key + "': rank 0's store closed " +
+                              "the connection before answering, and getting back in failed: ");
     }
   }
 
@@ -195,17 +206,24 @@ class Client final : public Store {
     if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(fd));
   }
 
-  // Retries with exponential backoff until the deadline: rank 0 may start after us.
-  Status connect(Deadline deadline, int timeout_ms, posix::Fd* out) {
+  // kRefusedIsFinal: this client was in before, so a refused connection means rank 0 is gone;
+  // at the first connection it means rank 0 has not started yet.
+  enum class Rejoin { kRefusedIsRetried, kRefusedIsFinal };
+
+  // Retries with exponential backoff until the deadline: rank 0 may start after us, or its
+  // store may close a connection before the hello when it is full (Reply::kBusy).
+  Status connect(Deadline deadline, int timeout_ms, posix::Fd* out, Rejoin rejoin = Rejoin::kRefusedIsRetried) {
     int backoff_ms = kFirstBackoffMs;
     std::string last_error = "no attempt finished";
     for (;;) {
       bool final = false;
-      Status st = connect_once(deadline, out, &final);
+      Status st = connect_once(deadline, out, &final, rejoin);
       if (st.ok() || final) return st;
       last_error = st.message();
       if (deadline.expired()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(backoff_ms, ms_left(deadline))));
+      if (st.message().rfind(kBusyPrefix, 0) == 0 && !told_busy_.exchange(true))
+        COMM_INFO(kStore, "%s; retrying with backoff until the deadline", st.message().c_str());
+      sleep_backoff(backoff_ms, deadline);
       backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
       if (deadline.expired()) break;
     }
@@ -216,7 +234,7 @@ class Client final : public Store {
   }
 
   // One attempt over every address the host resolves to. *final: retrying cannot help.
-  Status connect_once(Deadline deadline, posix::Fd* out, bool* final) {
+  Status connect_once(Deadline deadline, posix::Fd* out, bool* final, Rejoin rejoin) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -228,7 +246,7 @@ class Client final : public Store {
     Status last = SystemError("'" + options_.host + "' resolved to no address");
     for (addrinfo* ai = found; ai != nullptr && !deadline.expired(); ai = ai->ai_next) {
       posix::Fd fd;
-      last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd, final);
+      last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd, final, rejoin);
       if (*final) break;
       if (!last.ok()) continue;
       last = handshake(fd.get(), deadline, final);
@@ -242,15 +260,23 @@ class Client final : public Store {
     return last;
   }
 
-  static Status connect_address(const sockaddr* sa, socklen_t len, Deadline deadline, posix::Fd* out, bool* final) {
+  static Status connect_address(const sockaddr* sa, socklen_t len, Deadline deadline, posix::Fd* out, bool* final,
+                                Rejoin rejoin) {
     posix::Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid() && posix::out_of_fds(errno)) {
       *final = true;  // waiting does not free descriptors: say so now
       return SystemError("this rank " + posix::out_of_fds_text(errno, "connecting to the store"));
     }
     if (!fd.valid()) return SystemError("socket: " + errno_string(errno));
+    auto failed = [&](int err) {
+      if (err == ECONNREFUSED && rejoin == Rejoin::kRefusedIsFinal) {
+        *final = true;
+        return SystemError("rank 0 refuses connections now (did rank 0 exit or fail?)");
+      }
+      return SystemError("connect: " + errno_string(err));
+    };
     if (::connect(fd.get(), sa, len) != 0) {
-      if (errno != EINPROGRESS && errno != EINTR) return SystemError("connect: " + errno_string(errno));
+      if (errno != EINPROGRESS && errno != EINTR) return failed(errno);
       // Non-blocking connect bounded by the deadline: an address that drops SYNs ends in time.
       for (;;) {
         if (deadline.expired()) return Timeout("connect: no answer");
@@ -262,7 +288,7 @@ class Client final : public Store {
       int soerr = 0;
       socklen_t soerr_len = sizeof soerr;
       if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soerr, &soerr_len) != 0) soerr = errno;
-      if (soerr != 0) return SystemError("connect: " + errno_string(soerr));
+      if (soerr != 0) return failed(soerr);
     }
     int one = 1;
     setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -312,6 +338,8 @@ class Client final : public Store {
                           " runs without COMM_AUTH_TOKEN, so it cannot prove it is this job's store, and this "
                           "process has a token; set the same COMM_AUTH_TOKEN on every rank of the job");
     }
+    if (reply == Reply::kBusy)  // closed before the hello was through: not final, connect() retries
+      return SystemError(body.rfind(kBusyPrefix, 0) == 0 ? body : std::string(kBusyPrefix) + " before its hello");
     *final = true;
     if (reply == Reply::kAuthRefused)
       return InvalidUsage("the store at " + where_ +
@@ -369,6 +397,7 @@ class Client final : public Store {
   std::string reach_address_;  // set once by connect_first, before anyone else sees the store
   std::mutex mu_;
   std::vector<posix::Fd> idle_;
+  std::atomic<bool> told_busy_{false};  // the first "rank 0's store closed ..." is logged at INFO
 };
 
 }  // namespace

@@ -15,7 +15,9 @@
 //   - the server has a token, the hello no nonce: kAuthRefused, closed;
 //   - else kChallenge (payload: the server nonce); the client sends kProof (value: its proof,
 //     32 bytes) and the server answers kOk (payload: its own proof) or kAuthRefused, closed.
-// Until kOk a connection may send only these hello-sized frames.
+// Until kOk a connection may send only these hello-sized frames. A connection the server closes
+// before its hello was accepted (too many waiting, or no hello or proof within the deadline) is
+// first sent kBusy (payload: why), and its client retries on a new connection.
 #pragma once
 
 #include <sys/socket.h>
@@ -45,7 +47,17 @@ inline constexpr size_t kRequestHeaderBytes = 16;
 inline constexpr size_t kResponseHeaderBytes = 12;
 
 enum class Op : uint8_t { kHello = 1, kSet = 2, kGet = 3, kAdd = 4, kProof = 5 };
-enum class Reply : uint8_t { kOk = 0, kAuthRefused = 1, kVersionMismatch = 2, kError = 3, kChallenge = 4 };
+enum class Reply : uint8_t {
+  kOk = 0,
+  kAuthRefused = 1,
+  kVersionMismatch = 2,
+  kError = 3,
+  kChallenge = 4,
+  kBusy = 5,
+};
+
+// How every kBusy payload starts, so a client can tell "closed for room, retry" in its log.
+inline constexpr std::string_view kBusyPrefix = "rank 0's store closed the connection";
 
 // Binds the store's proofs to this protocol (proof_of_secret's context).
 inline constexpr std::string_view kProofContext = "libcomm store";
