@@ -4,9 +4,12 @@
 // bucket layout; overlap (a bucket runs before end()); static graph's rebuild. Ranks are threads.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -408,12 +411,67 @@ TEST_CASE("engine: overlap_forward: end() returns early, comm_engine_wait gives 
   }
 }
 
+namespace {
+
+// The reduce hook of the "wait(0) returns early" test: it reduces each partition on a
+// communicator of its own, and holds the ones that come after all of parameter 0's until the
+// test thread releases them, so "later partitions are still on the wire when wait(0) returns"
+// is made so, not left to the scheduler. Its first partition also waits until the rank has
+// reported every gradient: the first readiness round (after 4 partitions) then finds all of
+// them ready everywhere, and parameter 0's 8 partitions (priority 0) go next, ahead of 36 others.
+// An engine whose wait(0) waited for the held partitions would never see them released: the
+// hold ends at its deadline with COMM_ERR_TIMEOUT, and wait(0) fails instead of hanging.
+struct HoldingHook {
+  static constexpr int kParam0Parts = 8;  // 4 MiB in 512 KiB partitions
+  comm_t comm = nullptr;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool reported = false, released = false;
+  int param0_done = 0, held = 0;
+
+  bool wait_for(bool HoldingHook::*flag) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return this->*flag; });
+  }
+  void set(bool HoldingHook::*flag) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      this->*flag = true;
+    }
+    cv.notify_all();
+  }
+
+  static comm_status_t reduce(const comm_engine_hook_args_t* a, void* user) {
+    auto* h = static_cast<HoldingHook*>(user);
+    if (a->wire_order == 0 && !h->wait_for(&HoldingHook::reported)) return COMM_ERR_TIMEOUT;
+    const bool has0 = std::find(a->params, a->params + a->num_params, 0) != a->params + a->num_params;
+    bool hold = false;
+    {
+      std::lock_guard<std::mutex> lock(h->mu);
+      hold = !has0 && h->param0_done == kParam0Parts;
+      h->held += hold;
+    }
+    if (hold && !h->wait_for(&HoldingHook::released)) return COMM_ERR_TIMEOUT;
+    const comm_status_t st = comm_allreduce(h->comm, a->buffer, a->buffer, a->count, a->dtype, COMM_AVG, nullptr);
+    if (has0) {
+      std::lock_guard<std::mutex> lock(h->mu);
+      ++h->param0_done;
+    }
+    return st;
+  }
+};
+
+}  // namespace
+
 TEST_CASE("engine: comm_engine_wait for the first layer returns while later partitions are on the wire", "[engine]") {
   abi::Ranks w = abi::init_ranks(2, "engine-wait", 20000);
   REQUIRE(w.all_ok());
   constexpr int kParams = 6;
   constexpr size_t kCount = 1 << 20;  // 4 MiB each
+  std::vector<HoldingHook> hooks(2);
   auto out = abi::on_ranks(2, [&](int r) -> std::string {
+    HoldingHook& hook = hooks[static_cast<size_t>(r)];
+    if (comm_dup(w.comms[static_cast<size_t>(r)], &hook.comm) != COMM_OK) return "dup";
     comm_engine_config_t cfg = COMM_ENGINE_CONFIG_INIT;
     cfg.partition_bytes = 512 << 10;
     cfg.overlap_forward = 1;
@@ -421,17 +479,18 @@ TEST_CASE("engine: comm_engine_wait for the first layer returns while later part
     if (comm_engine_create(w.comms[static_cast<size_t>(r)], &cfg, &e) != COMM_OK) return "create";
     int idx;
     for (int p = 0; p < kParams; ++p) (void)comm_engine_register(e, kCount, COMM_FLOAT32, &idx);
+    if (comm_engine_set_reduce_hook(e, HoldingHook::reduce, &hook) != COMM_OK) return "set_reduce_hook";
     if (comm_engine_finalize(e) != COMM_OK) return "finalize";
     std::vector<std::vector<float>> g(kParams, std::vector<float>(kCount, 1.0f + static_cast<float>(r)));
     std::string err;
-    const double t0 = abi::now_ms();
     (void)comm_engine_begin(e, 1);
     for (int p = kParams - 1; p >= 0; --p) (void)comm_engine_grad_ready(e, p, g[static_cast<size_t>(p)].data());
-    if (comm_engine_end(e) != COMM_OK) return std::string("end: ") + comm_last_error(nullptr);
-    if (comm_engine_wait(e, 0) != COMM_OK) return std::string("wait: ") + comm_last_error(nullptr);
-    const double t_wait0 = abi::now_ms() - t0;
+    hook.set(&HoldingHook::reported);
+    if (comm_engine_end(e) != COMM_OK) err += std::string("end: ") + comm_last_error(nullptr) + "; ";
+    // Returns once parameter 0's partitions are done, while the ones after them are held.
+    if (comm_engine_wait(e, 0) != COMM_OK) err += std::string("wait(0): ") + comm_last_error(nullptr) + "; ";
     if (g[0][0] != 1.5f || g[0][kCount - 1] != 1.5f) err += "gradient 0 not reduced after wait; ";
-    // comm_engine_test answers without blocking: yes for 0, no for some later one still on the wire.
+    // comm_engine_test answers without blocking: yes for 0, no for a parameter whose partitions are held.
     int done0 = 0, pending = 0;
     if (comm_engine_test(e, 0, &done0) != COMM_OK || done0 != 1) err += "test(0) after wait(0) did not say done; ";
     for (int p = 1; p < kParams; ++p) {
@@ -439,29 +498,36 @@ TEST_CASE("engine: comm_engine_wait for the first layer returns while later part
       if (comm_engine_test(e, p, &d) != COMM_OK) err += "test failed; ";
       pending += d == 0;
     }
-    if (pending == 0) err += "test said every gradient was done right after wait(0); ";
+    if (pending == 0) err += "test said every gradient was done while partitions were held; ";
+    hook.set(&HoldingHook::released);
     for (int p = 1; p < kParams; ++p) {
       int d = 0;
       (void)comm_engine_wait(e, p);
       if (comm_engine_test(e, p, &d) != COMM_OK || d != 1) err += "test after wait(" + std::to_string(p) + ") not done; ";
     }
+    {
+      std::lock_guard<std::mutex> lock(hook.mu);  // the hook did hold partitions back, so the above meant something
+      if (hook.held == 0) err += "no partition ran after parameter 0's (the hook held none); ";
+    }
     comm_engine_stats_t st;
     st.size = sizeof st;
     (void)comm_engine_stats(e, &st);
-    double last_done = 0, p0_done = 0;
-    for (int k = 0; k < st.num_partition_stats; ++k) {
-      last_done = std::max(last_done, st.partitions[k].done_us / 1000);
-      if (st.partitions[k].first_param == 0) p0_done = std::max(p0_done, st.partitions[k].done_us / 1000);
-    }
     if (st.num_partitions != kParams * 8) err += "expected 48 partitions, got " + std::to_string(st.num_partitions) + "; ";
-    // Parameter 0 (reported last) went first among the agreed partitions, and its wait returned
-    // before the rest were done.
-    if (!(p0_done < last_done)) err += "parameter 0's partitions were not the first done; ";
-    if (!(t_wait0 < last_done))
-      err += "wait(0) returned at " + std::to_string(t_wait0) + " ms, after the last partition (" + std::to_string(last_done) + " ms); ";
+    // Parameter 0 (reported last) went first among the agreed partitions: right after the
+    // first round, before any partition of parameters 1-4.
+    int p0_last = -1, others_first = INT32_MAX;
+    for (int k = 0; k < st.num_partition_stats; ++k) {
+      const auto& ps = st.partitions[k];
+      if (ps.first_param == 0) p0_last = std::max(p0_last, ps.wire_order);
+      else if (ps.first_param != kParams - 1) others_first = std::min(others_first, ps.wire_order);
+    }
+    if (!(p0_last < others_first))
+      err += "parameter 0's partitions did not go before those of parameters 1-4 (last of 0: " +
+             std::to_string(p0_last) + ", first of the others: " + std::to_string(others_first) + "); ";
     for (int p = 0; p < kParams; ++p)
       if (g[static_cast<size_t>(p)][kCount / 2] != 1.5f) err += "gradient " + std::to_string(p) + " not reduced; ";
-    if (comm_engine_destroy(e) != COMM_OK) return "destroy";
+    if (comm_engine_destroy(e) != COMM_OK) err += "destroy; ";
+    (void)comm_destroy(hook.comm);
     return err;
   });
   abi::destroy_ranks(w.comms);
