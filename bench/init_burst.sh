@@ -23,11 +23,11 @@ LIMIT_REST=${LIMIT_REST:-$LIMIT}
 TOKEN=${TOKEN-burst-$RANDOM-$RANDOM}
 TIMEOUT_S=${TIMEOUT_S:-600}
 [[ -x $DRIVER ]] || { echo "init_burst.sh: $DRIVER is missing; build first (ninja -C $BUILD)" >&2; exit 2; }
-out=$(mktemp -d)
+out=${KEEP:-$(mktemp -d)}; mkdir -p "$out"
 helpers=()
 cleanup() {
   for p in "${helpers[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$out"
+  [[ -n ${KEEP:-} ]] || rm -rf "$out"
 }
 trap cleanup EXIT
 for ((i = 0; i < ${BUSY:-0}; i++)); do

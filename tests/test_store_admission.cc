@@ -1,6 +1,7 @@
 // Who gets into rank 0's store (libcomm/base/store/tcp_store_admission.cc): a burst of ranks
 // during a flood of silent connections, a stranger that spoke is not closed for newcomers, and a
 // client closed before its hello is told why and comes back. Real sockets on 127.0.0.1.
+#include <sys/resource.h>
 #include <sys/time.h>
 
 #include <atomic>
@@ -222,4 +223,40 @@ TEST_CASE("tcp store admission: a client closed before its hello is told why, an
   CHECK(st.message() == "");
   CHECK(accepted == 2);
   CHECK(log.wait_for("64 connections were already waiting to say hello; retrying with backoff"));
+}
+
+TEST_CASE("tcp store admission: at its descriptor cap the server sheds waiting ranks and serves everyone", "[store]") {
+  // The cap comes from the soft descriptor limit when the server is made: 160 - 64 = 96 clients.
+  rlimit saved{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  rlimit low = saved;
+  low.rlim_cur = 160;
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  TcpStoreOptions o = server_options();
+  o.world_size = 129;
+  std::shared_ptr<Store> server;
+  Status made = make_tcp_store(o, &server);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  REQUIRE(made.ok());
+  const int port = tcp_store_port(*server);
+  constexpr int kRanks = 128;  // more than the cap: each parks a get that only the last set answers
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.emplace_back([&, r] {
+      std::shared_ptr<Store> client;
+      Status st = make_tcp_store(client_options(port, "", 60000), &client);
+      if (st.ok()) st = client->set("rank/" + std::to_string(r), "here");
+      std::string v;
+      if (st.ok()) st = client->get("everyone-is-here", &v, Deadline::after_ms(60000));
+      errors[static_cast<size_t>(r)] = st.message();
+    });
+  std::string v;
+  for (int r = 0; r < kRanks; ++r) REQUIRE(server->get("rank/" + std::to_string(r), &v, Deadline::after_ms(60000)).ok());
+  REQUIRE(server->set("everyone-is-here", "yes").ok());
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[static_cast<size_t>(r)] == "");
+  }
 }

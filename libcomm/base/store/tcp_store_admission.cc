@@ -38,6 +38,9 @@ namespace {
 // Descriptors rank 0 keeps for everything but the store (its transports, files, libraries).
 constexpr size_t kReservedFds = 64;
 constexpr auto kLimitWarningEvery = std::chrono::seconds(5);
+// Connections accepted per round of the poll loop: a backlog of ranks (shed ones come back at
+// once) must not keep the server from serving the requests of those it let in.
+constexpr int kAcceptsPerRound = 64;
 
 }  // namespace
 
@@ -57,7 +60,7 @@ size_t stranger_limit(const TcpStoreOptions& options) {
 }
 
 void Server::accept_all() {
-  for (;;) {
+  for (int accepted = 0; accepted < kAcceptsPerRound; ++accepted) {
     if (!make_room()) {
       accept_resume_ = Clock::now() + std::chrono::milliseconds(10);
       return;
@@ -107,11 +110,13 @@ bool Server::make_room() {
 }
 
 // Closes one connection with no request in progress (an idle one first, else the oldest
-// parked get): its client retries on a new connection. false: none can go.
+// parked get): its client retries on a new connection. One just greeted is spared until its
+// first request has come (it is about to: closing it would only make it come back), so a full
+// server makes progress instead of trading newcomers for newcomers. false: none can go.
 bool Server::shed() {
   Conn* victim = nullptr;
   for (auto& c : conns_) {
-    if (c->dead || c->pending_out() || c->in.size() > c->in_done || !c->greeted) continue;
+    if (c->dead || c->pending_out() || c->in.size() > c->in_done || !c->greeted || !c->asked) continue;
     if (!c->parked) {
       victim = c.get();
       break;

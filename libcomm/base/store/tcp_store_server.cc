@@ -276,6 +276,7 @@ void Server::handle_request(Conn& c, Op op, const std::string& key, const std::s
   if (op == Op::kHello) return hello(c, key, get_u32(value.data()));
   if (op == Op::kProof) return proof(c, value);
   if (!c.greeted) return drop(c, "sent a request before the hello");
+  c.asked = true;
   switch (op) {
     case Op::kSet:
       store_value(key, value);

@@ -37,6 +37,7 @@ struct Conn {
   Nonce client_nonce{};
   Nonce server_nonce{};
   Clock::time_point hello_by{};  // dropped when not greeted by then
+  bool asked = false;            // sent a request after its hello: shed() may close it from then on
   bool parked = false;           // a get waits for parked_key
   std::string parked_key;
   bool dead = false;
