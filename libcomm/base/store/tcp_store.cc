@@ -244,9 +244,12 @@ class Client final : public Store {
     int rc = getaddrinfo(options_.host.c_str(), port_text.c_str(), &hints, &found);
     if (rc != 0) return SystemError("cannot resolve '" + options_.host + "': " + gai_strerror(rc));
     Status last = SystemError("'" + options_.host + "' resolved to no address");
+    bool all_refused = found != nullptr;
     for (addrinfo* ai = found; ai != nullptr && !deadline.expired(); ai = ai->ai_next) {
       posix::Fd fd;
-      last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd, final, rejoin);
+      bool refused = false;
+      last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd, final, &refused);
+      all_refused = all_refused && refused;
       if (*final) break;
       if (!last.ok()) continue;
       last = handshake(fd.get(), deadline, final);
@@ -257,11 +260,16 @@ class Client final : public Store {
       if (*final) break;
     }
     freeaddrinfo(found);
+    if (!last.ok() && all_refused && rejoin == Rejoin::kRefusedIsFinal) {
+      *final = true;  // nothing listens at any of rank 0's addresses any more
+      return SystemError("rank 0 refuses connections now (did rank 0 exit or fail?)");
+    }
     return last;
   }
 
+  // *refused: the address answered the connect with a refusal (nothing listens on it).
   static Status connect_address(const sockaddr* sa, socklen_t len, Deadline deadline, posix::Fd* out, bool* final,
-                                Rejoin rejoin) {
+                                bool* refused) {
     posix::Fd fd(::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid() && posix::out_of_fds(errno)) {
       *final = true;  // waiting does not free descriptors: say so now
@@ -269,10 +277,7 @@ class Client final : public Store {
     }
     if (!fd.valid()) return SystemError("socket: " + errno_string(errno));
     auto failed = [&](int err) {
-      if (err == ECONNREFUSED && rejoin == Rejoin::kRefusedIsFinal) {
-        *final = true;
-        return SystemError("rank 0 refuses connections now (did rank 0 exit or fail?)");
-      }
+      *refused = err == ECONNREFUSED;
       return SystemError("connect: " + errno_string(err));
     };
     if (::connect(fd.get(), sa, len) != 0) {
