@@ -321,8 +321,8 @@ inline void check_outputs_contain(const std::vector<Proc>& procs, const std::vec
 }
 
 // The "kill" mode's victim, SIGKILLed inside its third all-reduce (the first two show the job
-// is up and moving); then every rank is waited on until timeout_ms + 1 s after the kill, plus
-// slack for the survivors to report.
+// is up and moving); then every rank is waited on until timeout_ms + a busy host's margin after
+// the kill, plus slack for the survivors to report.
 struct Kill {
   bool in_third = false;  // the victim reached its third iteration
   double killed_at = 0;   // now_ms() of the kill
@@ -337,7 +337,7 @@ inline Kill kill_in_third_iteration(std::vector<Proc>& procs, int victim, int ti
   usleep(30000);
   k.killed_at = now_ms();
   kill(procs[victim].pid, SIGKILL);
-  wait_all(procs, k.killed_at + timeout_ms + 1000 + 15000);
+  wait_all(procs, k.killed_at + timeout_ms + loaded_host::kSlackMs + 15000);
   return k;
 }
 
@@ -358,7 +358,8 @@ inline EndLine end_line(const std::string& out) {
 }
 
 // Every survivor of kill_in_third_iteration exited cleanly, its all-reduce ending with one of
-// `allowed` within timeout_ms + 1 s of the kill, and because of it (not before).
+// `allowed` within timeout_ms of the kill (+ the margin a busy host may add: this tells "ended by
+// its deadline" from "hung", tests/support/loaded_host.h), and because of it (not before).
 inline void check_survivors(const std::vector<Proc>& procs, int victim, const Kill& kill, int timeout_ms,
                             const std::vector<int>& allowed) {
   for (int r = 0; r < static_cast<int>(procs.size()); ++r) {
@@ -369,7 +370,7 @@ inline void check_survivors(const std::vector<Proc>& procs, int victim, const Ki
     REQUIRE(end.present);
     INFO("status " << end.status << ", returned " << (end.ended_at - kill.killed_at) << " ms after the kill");
     CHECK(std::find(allowed.begin(), allowed.end(), end.status) != allowed.end());
-    CHECK(end.ended_at - kill.killed_at <= timeout_ms + 1000);
+    CHECK(end.ended_at - kill.killed_at <= timeout_ms + loaded_host::kSlackMs);
     CHECK(end.ended_at - kill.killed_at > -100);
   }
 }
