@@ -204,12 +204,32 @@ inline bool wait_all(std::vector<Proc>& procs, double deadline) {
   return false;
 }
 
+// Starts n ranks and lets them call comm_init together: each says STARTED and waits for a gate
+// file (rank_worker.cc, ABI_START_GATE) that is made once every rank has said it (or ended), or
+// after 120 s. On a busy host starting a process (exec, the dynamic loader) can take seconds,
+// and the short COMM_TIMEOUT_MS these tests use to see a failure quickly would otherwise also
+// bound the wait for the last rank to start: init then failed before the test began.
 inline std::vector<Proc> launch(const TempDir& dir, const std::string& mode, int n,
                          const std::function<Env(int rank)>& env_of) {
+  static int launches = 0;
+  const std::string gate = dir.file(mode + "-start-gate-" + std::to_string(++launches));
   std::vector<Proc> procs;
   for (int r = 0; r < n; ++r) {
-    procs.push_back(spawn_worker(mode, env_of(r), dir.file(mode + "-rank" + std::to_string(r) + ".out")));
+    Env env = env_of(r);
+    env.emplace_back("ABI_START_GATE", gate);
+    procs.push_back(spawn_worker(mode, env, dir.file(mode + "-rank" + std::to_string(r) + ".out")));
   }
+  const double deadline = now_ms() + 120000;
+  for (;;) {
+    int started = 0;
+    for (Proc& p : procs) {
+      if (!p.reaped && p.pid >= 0 && waitpid(p.pid, &p.wstatus, WNOHANG) == p.pid) p.reaped = true;
+      if (p.reaped || p.pid < 0 || p.output().find("STARTED\n") != std::string::npos) ++started;
+    }
+    if (started == n || now_ms() > deadline) break;
+    usleep(2000);
+  }
+  std::ofstream(gate).put('\n');
   return procs;
 }
 
