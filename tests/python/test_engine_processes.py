@@ -6,7 +6,13 @@ ranks with torchrun's variables, because comm-run would stop the survivors when 
   the gradients equal a plain all-reduce of each (max: exact whatever the association).
 - death: with overlap_forward, the last rank exits in the middle of a step (after end(), with
   partitions still on the wire); every survivor's next engine call (wait, or begin) fails within
-  the timeout, naming the error, and destroy returns."""
+  the timeout, naming the error, and destroy returns. The dying rank never reports gradient 0, so
+  the partitions that hold it cannot finish before it goes, whatever the scheduler does (it used
+  to report all of them: on a busy host its engine thread could finish the step before the exit,
+  and the survivors went on).
+
+Time bounds are the timeout + SLACK_S: they tell "ended by the deadline" from "hung", and a busy
+host (CI beside other jobs) may add seconds to anything (tests/support/loaded_host.h)."""
 
 import os
 import random
@@ -18,6 +24,7 @@ import time
 import numpy as np
 
 TIMEOUT_MS = 4000
+SLACK_S = 20
 SIZES = [3, 5000, 1, 20000, 0, 257, 4096, 700, 9000]
 
 
@@ -62,10 +69,11 @@ def child():
     else:
         big = [np.ones(n, np.float32) for n in SIZES]
         eng.begin(True)
-        for i in reversed(range(len(SIZES))):
+        dying = rank == size - 1
+        for i in reversed(range(1 if dying else 0, len(SIZES))):
             eng.grad_ready(i, big[i])
-        if rank == size - 1:
-            os._exit(0)  # gone in the middle of the step
+        if dying:
+            os._exit(0)  # gone in the middle of the step, gradient 0 never reported
         eng.end()
         start = time.monotonic()
         try:
@@ -76,7 +84,7 @@ def child():
         except libcomm.CommError as e:
             took = time.monotonic() - start
             print(f"rank {rank}: raised after {took:.2f} s: {str(e)[:200]}", flush=True)
-            assert took < TIMEOUT_MS / 1000 + 5, f"took {took:.2f} s"
+            assert took < TIMEOUT_MS / 1000 + SLACK_S, f"took {took:.2f} s"
         try:
             eng.begin(True)
             raise SystemExit(f"rank {rank}: begin on a broken engine returned")
@@ -87,7 +95,7 @@ def child():
             eng.destroy()
         except libcomm.CommError:
             pass
-        assert time.monotonic() - start < TIMEOUT_MS / 1000 + 5
+        assert time.monotonic() - start < TIMEOUT_MS / 1000 + SLACK_S
     sys.stdout.flush()
     os._exit(0)
 
