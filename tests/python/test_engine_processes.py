@@ -16,20 +16,33 @@ host (CI beside other jobs) may add seconds to anything (tests/support/loaded_ho
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 TIMEOUT_MS = 4000
 SLACK_S = 20
+
+
+def wait_for_every_rank(rank, size):
+    """Every rank has started (and imported what it needs) before any calls init: the short
+    timeout also bounds init, and on a busy host one process can start seconds after another."""
+    gate = os.environ["TEST_START_GATE"]
+    open(os.path.join(gate, f"ready-{rank}"), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(gate)) < size and time.monotonic() < deadline:
+        time.sleep(0.01)
 SIZES = [3, 5000, 1, 20000, 0, 257, 4096, 700, 9000]
 
 
 def child():
     import libcomm
+    wait_for_every_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
     comm = libcomm.Communicator(timeout_ms=TIMEOUT_MS)
     rank, size = comm.rank, comm.size
     scenario = os.environ["TEST_SCENARIO"]
@@ -105,9 +118,11 @@ def run(scenario, ranks):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
+    gate = tempfile.mkdtemp(prefix="comm-engine-processes-")
     for rank in range(ranks):
-        env = dict(os.environ, TEST_ENGINE_CHILD="1", TEST_SCENARIO=scenario, RANK=str(rank), WORLD_SIZE=str(ranks),
-                   LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = dict(os.environ, TEST_ENGINE_CHILD="1", TEST_SCENARIO=scenario, TEST_START_GATE=gate, RANK=str(rank),
+                   WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
         env.pop("COMM_TIMEOUT_MS", None)
         procs.append(subprocess.Popen([sys.executable, __file__], env=env))
     deadline = time.monotonic() + 90
@@ -119,6 +134,7 @@ def run(scenario, ranks):
             for q in procs:
                 q.kill()
             sys.exit(f"FAIL ({scenario}, {ranks} ranks): a rank hung (killed after 90 s)")
+    shutil.rmtree(gate, ignore_errors=True)
     assert all(c == 0 for c in codes), f"{scenario}, {ranks} ranks: exit codes {codes}"
     print(f"ok {scenario} on {ranks} ranks", flush=True)
 

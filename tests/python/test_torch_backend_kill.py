@@ -14,10 +14,12 @@ they tell "ended by the deadline" from "hung", and a busy host may add seconds t
 
 import datetime
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 RANKS = 3
@@ -25,11 +27,22 @@ TIMEOUT_S = 5.0
 SLACK_S = 20.0
 
 
+def wait_for_every_rank(rank, size):
+    """Every rank has started (and imported what it needs) before any calls init: the short
+    timeout also bounds init, and on a busy host one process can start seconds after another."""
+    gate = os.environ["TEST_START_GATE"]
+    open(os.path.join(gate, f"ready-{rank}"), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(gate)) < size and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def child():
     import libcomm.torch_backend  # noqa: F401
     import torch
     import torch.distributed as dist
 
+    wait_for_every_rank(int(os.environ["OMPI_COMM_WORLD_RANK"]), RANKS)
     dist.init_process_group("libcomm", timeout=datetime.timedelta(seconds=TIMEOUT_S))
     rank, size = dist.get_rank(), dist.get_world_size()
     t = torch.ones(1 << 24)  # 64 MiB, ~20 ms on a quiet host: caught in the middle (16 MiB took ~5 ms, the
@@ -71,8 +84,9 @@ def run(how):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
+    gate = tempfile.mkdtemp(prefix="comm-torch-kill-")
     for rank in range(RANKS):
-        env = dict(os.environ, TEST_KILL_CHILD="1", TEST_KILL_HOW=how, OMPI_COMM_WORLD_RANK=str(rank),
+        env = dict(os.environ, TEST_KILL_CHILD="1", TEST_KILL_HOW=how, TEST_START_GATE=gate, OMPI_COMM_WORLD_RANK=str(rank),
                    OMPI_COMM_WORLD_SIZE=str(RANKS), OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "COMM_TIMEOUT_MS"):
@@ -90,6 +104,7 @@ def run(how):
     if how == "stop":
         procs[-1].kill()
     codes.append(procs[-1].wait(timeout=30))
+    shutil.rmtree(gate, ignore_errors=True)
     print(f"{how}: exit codes {codes}", flush=True)
     assert codes[-1] == -signal.SIGKILL, f"the victim should end by SIGKILL: {codes}"
     assert all(c == 0 for c in codes[:-1]), f"survivors failed: {codes}"
