@@ -16,6 +16,7 @@
 #include "algorithms/scratch.h"
 #include "dtype.h"
 #include "support/collective_check.h"
+#include "support/loaded_host.h"
 #include "support/inproc_transport.h"
 
 using comm::Status;
@@ -330,7 +331,8 @@ TEST_CASE("a rank whose peer never comes fails with TIMEOUT", "[algorithms]") {
   });
   CHECK(res.status[0].code() == COMM_ERR_TIMEOUT);
   CHECK(res.status[1].ok());
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  // The 200 ms timeout ended it, not a hang (the margin is a busy host's: tests/support/loaded_host.h).
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(200 + loaded_host::kSlackMs));
 }
 
 TEST_CASE("scratch: 64-byte aligned, at least 64 KiB, grown by powers of two, reused", "[algorithms]") {

@@ -64,12 +64,14 @@ first=$("$RUN" -n 1 -- sh -c 'grep Cpus_allowed_list /proc/self/status' | awk '{
 expect_eq "rank 0 gets the first allowed CPU" "${parent%%[-,]*}" "$first"
 
 # --- failures ---
+# The time bounds below tell "stopped by comm-run" from "ran its 60 s sleep": 45 s leaves a busy
+# host (CI beside other jobs) all the seconds it may add, and still fails a launcher that waits.
 start=$SECONDS
 "$RUN" -n 3 -- sh -c 'if [ "$RANK" = 2 ]; then exit 3; fi; sleep 60' >"$TMP/out" 2>"$TMP/err"
 rc=$?
 expect_eq "exit status is the failing rank's" "3" "$rc"
 expect_match "the failing rank is named" 'rank 2 exited with status 3' "$(cat "$TMP/err")"
-(( SECONDS - start < 20 )) && pass "the other ranks were stopped" || fail "ranks not stopped in time"
+(( SECONDS - start < 45 )) && pass "the other ranks were stopped" || fail "ranks not stopped in time"
 
 "$RUN" -n 3 -- sh -c 'exit $RANK' >/dev/null 2>"$TMP/err"
 rc=$?
@@ -90,7 +92,7 @@ MARK="$TMP/ignoring" "$RUN" -n 2 --grace-s 1 -- sh -c '
 rc=$?
 expect_eq "grace period then SIGKILL: status of the first failure" "1" "$rc"
 expect_match "the stubborn rank is reported" 'rank 1 killed by signal 9' "$(cat "$TMP/err")"
-(( SECONDS - start < 20 )) && pass "SIGKILL after the grace period" || fail "grace period not enforced"
+(( SECONDS - start < 45 )) && pass "SIGKILL after the grace period" || fail "grace period not enforced"
 
 "$RUN" -n 2 -- /nonexistent/program >/dev/null 2>"$TMP/err"
 rc=$?
@@ -104,7 +106,7 @@ expect_match "says why" "cannot run '/nonexistent/program'" "$(cat "$TMP/err")"
 READY="$TMP/ready" "$RUN" -n 2 -- sh -c 'trap "echo got-INT-$RANK; kill \$!; exit 0" INT; touch "$READY.$RANK"; sleep 60 & wait' \
   >"$TMP/out" 2>"$TMP/err" &
 pid=$!
-for _ in $(seq 1 400); do [[ -e "$TMP/ready.0" && -e "$TMP/ready.1" ]] && break; sleep 0.05; done
+for _ in $(seq 1 1200); do [[ -e "$TMP/ready.0" && -e "$TMP/ready.1" ]] && break; sleep 0.05; done
 kill -INT "$pid"
 wait "$pid"
 rc=$?
@@ -115,7 +117,7 @@ start=$SECONDS
 "$RUN" -n 2 --timeout-s 1 -- sleep 60 >/dev/null 2>"$TMP/err"
 rc=$?
 expect_eq "--timeout-s: exit 124" "124" "$rc"
-(( SECONDS - start < 15 )) && pass "--timeout-s stops the job" || fail "--timeout-s too slow"
+(( SECONDS - start < 45 )) && pass "--timeout-s stops the job" || fail "--timeout-s too slow"
 
 # --- usage and parameters ---
 "$RUN" --help | grep -q -- '--quiet-prefix' && pass "--help documents the prefixes" || fail "--help"

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "env_guard.h"
+#include "support/loaded_host.h"
 #include "support/shm_fabric.h"
 #include "support/transport_test.h"
 #include "transport.h"
@@ -35,6 +36,10 @@ using namespace comm::transport;
 namespace {
 
 constexpr int kTestTimeoutMs = 20000;
+// Abort, notify_peers and wake end a wait within this, on every transport: far above what a busy
+// host adds to an event seen at once (tests/support/loaded_host.h), below the deadlines the
+// waits would otherwise end by (20 s, 60 s), whose status would differ too.
+constexpr double kPromptS = kTestTimeoutMs / 2000.0;
 using Transports = std::vector<std::unique_ptr<Transport>>;
 
 bool always() { return true; }
@@ -55,7 +60,6 @@ struct Fabric {
   std::vector<int> (*hosts)(int n);
   const char* near;
   const char* far;
-  double prompt_s;            // abort, notify_peers and wake end a wait within this
   const char* timeout_words;  // a timeout names the request like this after "... sum)"
   PeerGone (*peer_gone)();
   size_t request_slots;  // in-flight requests one rank may have
@@ -87,18 +91,18 @@ PeerGone ucx_peer_gone() {
 PeerGone shm_peer_gone() { return {COMM_ERR_TIMEOUT, {"rank 1"}}; }
 
 const Fabric kFabrics[] = {
-    {"socket", "[socket]", always, one_host, "socket", "socket", 5.0, ": 0 of 400", socket_peer_gone, 4096},
-    {"socket, connected at setup", "[socket][eager]", always, one_host, "socket", "socket", 5.0, ": 0 of 400",
+    {"socket", "[socket]", always, one_host, "socket", "socket", ": 0 of 400", socket_peer_gone, 4096},
+    {"socket, connected at setup", "[socket][eager]", always, one_host, "socket", "socket", ": 0 of 400",
      socket_peer_gone, 4096, true},
-    {"ucx", "[ucx]", ucx_built, one_host, "ucx", "ucx", 5.0, ", 400 bytes", ucx_peer_gone, 4096},
-    {"shm", "[shm]", always, one_host, "shm", "socket", 2.0, ": 0 of 400", shm_peer_gone, 1024},
+    {"ucx", "[ucx]", ucx_built, one_host, "ucx", "ucx", ", 400 bytes", ucx_peer_gone, 4096},
+    {"shm", "[shm]", always, one_host, "shm", "socket", ": 0 of 400", shm_peer_gone, 1024},
     // The routed fabrics keep their sockets connected at setup: "notify_peers reaches a rank that
     // waits on someone else" has rank 0 report to rank 2, its near (shm) peer, while rank 2 waits
     // on a far one; with lazy sockets those two never share a socket, and the routed wait on the
     // far side alone does not look at the near side (docs/design.md, "Connections").
-    {"routed, peers on one host", "[shm][routed]", always, routed_one_host, "shm", "socket", 2.0, ": 0 of 400",
+    {"routed, peers on one host", "[shm][routed]", always, routed_one_host, "shm", "socket", ": 0 of 400",
      shm_peer_gone, 1024, true},
-    {"routed, peers on two hosts", "[shm][routed]", always, routed_two_hosts, "shm", "socket", 2.0, ": 0 of 400",
+    {"routed, peers on two hosts", "[shm][routed]", always, routed_two_hosts, "shm", "socket", ": 0 of 400",
      socket_peer_gone, 4096, true},
 };
 
@@ -264,7 +268,7 @@ CONFORMANCE_CASE("messages sent before their receive is posted arrive intact, co
       while (!done) {
         Status st = t.test(ids[k], &done);
         if (!st.ok()) return st.message();
-        if (seconds_since(start) > 10) return "test() never completed";
+        if (seconds_since(start) > 10 + loaded_host::kSlackS) return "test() never completed";
       }
     }
     for (size_t m = 0; m < sizes.size(); ++m)
@@ -327,7 +331,7 @@ CONFORMANCE_CASE("notify_peers reaches a rank that waits on someone else; REMOTE
       rank2.thread.join();
       CHECK(rank2.status.code() == seen);
       CHECK(rank2.status.message() == "rank 0 reported: " + failure.message());
-      CHECK(rank2.seconds < fabric.prompt_s);
+      CHECK(rank2.seconds < kPromptS);
       // The notifying rank is failed too, with its own reason.
       RequestId id;
       Status after = w[0].isend(1, tag(6), nullptr, 0, &id);
@@ -373,8 +377,9 @@ CONFORMANCE_CASE("a peer whose transport is torn down mid-wait ends the wait, na
   INFO(rank0.status.message());
   CHECK(rank0.status.code() == expected.code);
   for (const char* word : expected.words) CHECK_THAT(rank0.status.message(), Catch::Contains(word));
-  CHECK(rank0.seconds < 4.0 + 1.0);
-  if (expected.code != COMM_ERR_TIMEOUT) CHECK(rank0.seconds < 4.0);
+  // The 4 s timeout at the latest, not a hang. Where the transport sees the peer go, the code
+  // (not TIMEOUT) says it was seen rather than waited out; a clock cannot, on a busy host.
+  CHECK(rank0.seconds < 4.0 + loaded_host::kSlackS);
 }
 
 CONFORMANCE_CASE("a wait with no progress times out after timeout_ms naming the peer", "[deadline]") {
@@ -389,7 +394,7 @@ CONFORMANCE_CASE("a wait with no progress times out after timeout_ms naming the 
   CHECK_THAT(st.message(), Catch::Contains(std::string("rank 1 (receive of allreduce #3 (count 100, float32, sum)") +
                                            fabric.timeout_words));
   CHECK(elapsed >= 0.29);
-  CHECK(elapsed < 1.5);
+  CHECK(elapsed < 0.3 + loaded_host::kSlackS);  // the 300 ms timeout ended it, not a hang
   // Stays failed after a TIMEOUT, as transport.h says (shared memory too, since issue 15).
   CHECK(w[0].isend(1, tag(4), nullptr, 0, &id).code() == COMM_ERR_TIMEOUT);
   CHECK(w[0].wait(&id, 0).code() == COMM_ERR_TIMEOUT);
@@ -411,7 +416,7 @@ CONFORMANCE_CASE("abort from another thread ends a blocked wait with ABORTED; wa
   w[1].wake();
   waker.join();
   CHECK(some.ok());
-  CHECK(some_seconds < fabric.prompt_s);
+  CHECK(some_seconds < kPromptS);
 
   PendingWait rank0;
   rank0.start(w[0], 1, 9);
@@ -419,7 +424,7 @@ CONFORMANCE_CASE("abort from another thread ends a blocked wait with ABORTED; wa
   w[0].abort();
   rank0.thread.join();
   CHECK(rank0.status.code() == COMM_ERR_ABORTED);
-  CHECK(rank0.seconds < fabric.prompt_s);
+  CHECK(rank0.seconds < kPromptS);
   CHECK(w[0].isend(1, tag(10), nullptr, 0, &id).code() == COMM_ERR_ABORTED);
   bool done = false;
   CHECK(w[0].test(id, &done).code() == COMM_ERR_ABORTED);

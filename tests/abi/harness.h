@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../support/loaded_host.h"
 #include "comm/comm.h"
 #include "reference.h"
 

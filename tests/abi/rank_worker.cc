@@ -1,5 +1,6 @@
 // One rank of the real-process ABI tests, started N times (by test_processes.cc or comm-run)
 // with torchrun's environment. Reports on stdout, one fact per line, for the harness to judge:
+//   STARTED                   before comm_init, when the harness gates the start (ABI_START_GATE)
 //   INIT <status> <ms>        comm_init's status and duration     MSG <text>  a last error
 //   HASH <label> <fnv1a>      a result that must be bitwise identical on every rank
 //   FAIL <text>               a wrong result                      DONE <failures>
@@ -42,7 +43,19 @@ std::string one_line(const char* s) {
   return out;
 }
 
+// ABI_START_GATE: say STARTED, then wait (bounded) until the harness has made that file, which
+// it does once every rank has started (process_harness.h, launch): the ranks then call comm_init
+// together, and a short COMM_TIMEOUT_MS bounds init, not a busy host's process start-up.
+void wait_at_start_gate() {
+  const char* gate = std::getenv("ABI_START_GATE");
+  if (gate == nullptr || *gate == '\0') return;
+  say("STARTED");
+  const double t0 = mono_ms();
+  while (access(gate, F_OK) != 0 && mono_ms() - t0 < 300000) usleep(1000);
+}
+
 comm_t init_or_report(int* rank, int* size) {
+  wait_at_start_gate();
   comm_config_t cfg = COMM_CONFIG_INIT;
   comm_t comm = nullptr;
   const double t0 = mono_ms();

@@ -51,13 +51,13 @@ void check_mismatch(const std::vector<RankOutcome>& outcomes, const Words& words
     const std::string who = "rank " + std::to_string(r);
     check_probe({"the disagreeing call", COMM_ERR_INVALID_USAGE, words, o.first}, who);
     INFO(who << ": the disagreeing call took " << o.first.ms << " ms; the timeout is " << kTimeoutMs << " ms");
-    CHECK(o.first.ms < kTimeoutMs);
+    CHECK(o.first.ms < kTimeoutMs + loaded_host::kSlackMs);  // the status says "not the timeout"; this, "no hang"
     INFO(who << ": the call after it -> " << describe(o.after));
     CHECK(o.after.status != COMM_OK);  // broken: a later call fails ...
     CHECK(status_name(o.after.status) == status_name(o.first.status));  // ... with that error (docs/design.md, "Broken communicators")
-    CHECK(o.after.ms < kTimeoutMs);
+    CHECK(o.after.ms < kTimeoutMs + loaded_host::kSlackMs);
     INFO(who << ": comm_destroy -> " << describe(o.destroy));
-    CHECK(o.destroy.ms < kTimeoutMs + 1000);
+    CHECK(o.destroy.ms < kTimeoutMs + loaded_host::kSlackMs);
   }
 }
 
@@ -117,8 +117,9 @@ TEST_CASE("mismatch: a small count on one rank, a large one on the other (differ
 namespace {
 
 // Two ranks over sockets (where a send completes once its bytes are written): rank 0 and rank 1
-// each run their own call, then rank 0 polls comm_get_async_error for up to the timeout, then
-// both try an allreduce they agree on.
+// each run their own call, then rank 0, if its call succeeded, polls comm_get_async_error until
+// it reports (for up to the timeout + a busy host's margin), then both try an allreduce they
+// agree on.
 struct OnlySends {
   Outcome first;
   comm_status_t async = COMM_OK;
@@ -137,7 +138,9 @@ std::vector<OnlySends> run_only_sends(const std::string& what, const Call& call)
     OnlySends o;
     o.first = timed(c, [&] { return call(c, r, send.data(), recv.data()); });
     const double t0 = now_ms();
-    while (r == 0 && (o.async = comm_get_async_error(c)) == COMM_OK && now_ms() - t0 < kTimeoutMs) usleep(10000);
+    while (r == 0 && o.first.status == COMM_OK && (o.async = comm_get_async_error(c)) == COMM_OK &&
+           now_ms() - t0 < kTimeoutMs + loaded_host::kSlackMs)
+      usleep(10000);
     o.after = timed(c, [&] { return comm_allreduce(c, send.data(), recv.data(), 4, COMM_FLOAT32, COMM_SUM, nullptr); });
     return o;
   });
@@ -159,7 +162,7 @@ TEST_CASE("mismatch: a broadcast root that completed its call locally learns of 
   CHECK(out[0].first.status == COMM_OK);  // the root only sends: its bytes left, nothing came back
   CHECK(out[0].async == COMM_ERR_INVALID_USAGE);
   CHECK(out[0].after.status == COMM_ERR_INVALID_USAGE);
-  CHECK(out[0].after.ms < kTimeoutMs);
+  CHECK(out[0].after.ms < kTimeoutMs + loaded_host::kSlackMs);
   CHECK(out[0].after.message.find("100") != std::string::npos);
   CHECK(out[0].after.message.find("101") != std::string::npos);
 }
@@ -175,7 +178,7 @@ TEST_CASE("mismatch: strict mode (COMM_CHECK_COLLECTIVES=1) fails the call itsel
     for (int r = 0; r < 2; ++r) {
       INFO("rank " << r << ": " << describe(out[r].first));
       CHECK(out[r].first.status == COMM_ERR_INVALID_USAGE);
-      CHECK(out[r].first.ms < kTimeoutMs);
+      CHECK(out[r].first.ms < kTimeoutMs + loaded_host::kSlackMs);
       CHECK(out[r].first.message.find("100") != std::string::npos);
       CHECK(out[r].first.message.find("101") != std::string::npos);
     }
@@ -188,7 +191,7 @@ TEST_CASE("mismatch: strict mode (COMM_CHECK_COLLECTIVES=1) fails the call itsel
     for (int r = 0; r < 2; ++r) {
       INFO("rank " << r << ": " << describe(out[r].first));
       CHECK(out[r].first.status == COMM_ERR_INVALID_USAGE);
-      CHECK(out[r].first.ms < kTimeoutMs);
+      CHECK(out[r].first.ms < kTimeoutMs + loaded_host::kSlackMs);
       CHECK(out[r].first.message.find("broadcast") != std::string::npos);
       CHECK(out[r].first.message.find("reduce") != std::string::npos);
     }

@@ -86,7 +86,7 @@ TEST_CASE("processes: a cross-section of every collective with 3 and 4 real proc
 }
 
 TEST_CASE("processes: SIGKILL of a rank during a 64 MiB allreduce: every survivor returns COMM_ERR_REMOTE or "
-          "COMM_ERR_TIMEOUT within COMM_TIMEOUT_MS + 1 s",
+          "COMM_ERR_TIMEOUT within COMM_TIMEOUT_MS",
           "[process]") {
   TempDir dir;
   const int n = 3, victim = 1, timeout_ms = 3000;
@@ -104,7 +104,7 @@ TEST_CASE("processes: SIGKILL of a rank during a 64 MiB allreduce: every survivo
     int destroy_status = -1;
     if (auto d = line_after(procs[r].output(), "DESTROY ")) std::istringstream(*d) >> destroy_status >> destroy_ms;
     CHECK(destroy_ms >= 0);
-    CHECK(destroy_ms <= timeout_ms + 1000);
+    CHECK(destroy_ms <= timeout_ms + loaded_host::kSlackMs);  // bounded by the timeout, not a hang
   }
 }
 
@@ -249,12 +249,13 @@ TEST_CASE("processes: malformed launcher variables are COMM_ERR_INVALID_ARGUMENT
   };
   int i = 0;
   for (const Bad& bad : bads) {
-    const Env env = torchrun_env(1, 2, free_port(), 2000, bad.env);
-    const Single s = run_single(dir, "bad" + std::to_string(i++), env, 15000);
+    // A timeout far above what a busy host adds: a mistake found only by waiting would show.
+    const Env env = torchrun_env(1, 2, free_port(), 3 * loaded_host::kSlackMs, bad.env);
+    const Single s = run_single(dir, "bad" + std::to_string(i++), env, loaded_host::kSlackMs + 15000);
     INFO(bad.name << ": " << s.proc.how() << "\n" << s.proc.output());
     CHECK(s.proc.exited_zero());
     CHECK(s.init.status == COMM_ERR_INVALID_ARGUMENT);
-    CHECK(s.init.ms < 1500);  // found locally, before any waiting
+    CHECK(s.init.ms < loaded_host::kSlackMs);  // found locally, before any waiting
     for (const auto& w : bad.must) {
       INFO("the message should contain \"" << w << "\"");
       CHECK(s.init.message.find(w) != std::string::npos);
@@ -269,13 +270,14 @@ TEST_CASE("processes: MASTER_PORT already in use: rank 0's init is COMM_ERR_SYST
   const int fd = bound_socket(INADDR_ANY, &port);
   REQUIRE(fd >= 0);
   REQUIRE(listen(fd, 4) == 0);
-  const Single s = run_single(dir, "port-in-use", torchrun_env(0, 2, port, 2000), 15000);
+  const Single s = run_single(dir, "port-in-use", torchrun_env(0, 2, port, 3 * loaded_host::kSlackMs),
+                              loaded_host::kSlackMs + 15000);
   close(fd);
   INFO("port " << port << ": " << s.proc.how() << "\n" << s.proc.output());
   CHECK(s.proc.exited_zero());
   CHECK(s.init.status == COMM_ERR_SYSTEM);
   CHECK(s.init.message.find(std::to_string(port)) != std::string::npos);
-  CHECK(s.init.ms < 1500);
+  CHECK(s.init.ms < loaded_host::kSlackMs);  // at once, not after the timeout
 }
 
 TEST_CASE("processes: an unreachable MASTER_ADDR:MASTER_PORT ends in COMM_ERR_TIMEOUT after about the timeout, never "
@@ -283,12 +285,12 @@ TEST_CASE("processes: an unreachable MASTER_ADDR:MASTER_PORT ends in COMM_ERR_TI
           "[process]") {
   TempDir dir;
   const int port = free_port();  // nobody listens there
-  const Single s = run_single(dir, "unreachable", torchrun_env(1, 2, port, 1000), 15000);
+  const Single s = run_single(dir, "unreachable", torchrun_env(1, 2, port, 1000), 1000 + loaded_host::kSlackMs + 15000);
   INFO("port " << port << ": " << s.proc.how() << "\n" << s.proc.output());
   CHECK(s.proc.exited_zero());
   CHECK(s.init.status == COMM_ERR_TIMEOUT);
   CHECK(s.init.ms >= 900);
-  CHECK(s.init.ms <= 2500);
+  CHECK(s.init.ms <= 1000 + loaded_host::kSlackMs);  // the timeout ended it, not a hang
   CHECK(s.init.message.find(std::to_string(port)) != std::string::npos);
 }
 
@@ -315,7 +317,7 @@ TEST_CASE("processes: ranks started with different COMM_TRANSPORT or COMM_TIMEOU
   for (const auto& c : cases) {
     const int port = free_port();
     auto procs = launch(dir, "init", 2, [&](int r) { return c.env(r, port); });
-    wait_all(procs, now_ms() + c.max_timeout_ms + 15000);
+    wait_all(procs, now_ms() + c.max_timeout_ms + loaded_host::kSlackMs + 15000);
     INFO(c.name << ":\n" << describe_all(procs));
     for (int r = 0; r < 2; ++r) {
       const InitLine l = init_line(procs[r].output());
@@ -323,7 +325,7 @@ TEST_CASE("processes: ranks started with different COMM_TRANSPORT or COMM_TIMEOU
       CHECK(procs[r].exited_zero());
       CHECK(l.present);
       CHECK(l.status != COMM_OK);
-      CHECK(l.ms < c.max_timeout_ms + 1000);
+      CHECK(l.ms < c.max_timeout_ms + loaded_host::kSlackMs);  // within the timeout, not a hang
       for (const auto& w : c.words) {
         INFO("the message should contain \"" << w << "\"");
         CHECK(icontains(l.message, w));

@@ -29,18 +29,22 @@ std::set<std::string> shm_names() {
   return names;
 }
 
-// Names that appeared since `before` and are still there a second later (other jobs' segments
-// live only while they start up).
+// Names that appeared since `before` and are still there once any other job had time to finish
+// starting up: another job's segments live only while it starts up, which on a busy host (CI
+// beside a process-spawning job) can take longer than the 1 s this used to allow; a segment the
+// test's own job left, after that job ended, never goes. So each name is watched until it goes,
+// up to a busy host's margin.
 std::set<std::string> left_behind(const std::set<std::string>& before) {
-  std::set<std::string> now = shm_names(), left;
-  for (const auto& n : now)
+  std::set<std::string> left;
+  for (const auto& n : shm_names())
     if (!before.count(n)) left.insert(n);
-  if (left.empty()) return left;
-  usleep(1000 * 1000);
-  std::set<std::string> later = shm_names(), still;
-  for (const auto& n : left)
-    if (later.count(n)) still.insert(n);
-  return still;
+  const double deadline = now_ms() + loaded_host::kSlackMs;
+  while (!left.empty() && now_ms() < deadline) {
+    usleep(100 * 1000);
+    const std::set<std::string> later = shm_names();
+    for (auto it = left.begin(); it != left.end();) it = later.count(*it) ? std::next(it) : left.erase(it);
+  }
+  return left;
 }
 
 std::string joined(const std::set<std::string>& names) {

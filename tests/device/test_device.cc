@@ -316,7 +316,7 @@ TEST_CASE("NCCL's asynchronous error: the watchdog aborts NCCL and the communica
   comm_t c = ranks.comms[0];
   const int aborts = fake.count("fake_nccl_aborts");
   fake.set_async_error(6);  // ncclRemoteError
-  CHECK(async_error_within(c, 3000) == COMM_ERR_REMOTE);
+  CHECK(async_error_within(c, loaded_host::kSlackMs) == COMM_ERR_REMOTE);  // the watchdog's next look; 20 s timeout
   fake.set_async_error(0);
   float* buf = dev.alloc(4);
   CHECK(comm_allreduce(c, buf, buf, 4, COMM_FLOAT32, COMM_SUM, kStream) == COMM_ERR_REMOTE);
@@ -344,8 +344,8 @@ TEST_CASE("an NCCL call that never completes: COMM_ERR_TIMEOUT after the communi
   fake_hang(1);  // the stream never gets past the call
   CHECK(comm_allreduce(c, buf, buf, 4, COMM_FLOAT32, COMM_SUM, kStream) == COMM_OK);  // enqueued
   const double t0 = now_ms();
-  CHECK(async_error_within(c, 3000) == COMM_ERR_TIMEOUT);
-  CHECK(now_ms() - t0 < 2000);
+  CHECK(async_error_within(c, 300 + loaded_host::kSlackMs) == COMM_ERR_TIMEOUT);
+  CHECK(now_ms() - t0 < 300 + loaded_host::kSlackMs);  // the 300 ms timeout ended it, not a hang
   fake_hang(0);
   CHECK(comm_allreduce(c, buf, buf, 4, COMM_FLOAT32, COMM_SUM, kStream) == COMM_ERR_TIMEOUT);
   CHECK(icontains(last_error(c), "has not completed"));
@@ -363,7 +363,7 @@ TEST_CASE("comm_abort aborts the NCCL communicator; later device calls are COMM_
   comm_t c = ranks.comms[0];
   const int aborts = fake.count("fake_nccl_aborts");
   CHECK(comm_abort(c) == COMM_OK);
-  const double until = now_ms() + 2000;
+  const double until = now_ms() + loaded_host::kSlackMs;  // ends when seen; a busy host may be late
   while (fake.count("fake_nccl_aborts") == aborts && now_ms() < until) usleep(2000);
   CHECK(fake.count("fake_nccl_aborts") == aborts + 1);
   float* buf = dev.alloc(4);

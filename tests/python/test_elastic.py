@@ -87,7 +87,8 @@ def shrink():
 
 def shrink_over(transport):
     text = run([PY, os.path.join(EXAMPLES, "elastic_shrink.py"), "--nprocs", "4", "--kill-rank", "3",
-                "--kill-step", "4", "--steps", "10", "--transport", transport, "--timeout-ms", "5000"], f"shrink example over {transport}")
+                "--kill-step", "4", "--steps", "10", "--transport", transport, "--timeout-ms", "20000"],
+                f"shrink example over {transport}")
     last = {}
     for line in text.splitlines():
         m = LINE.match(line.strip())
