@@ -267,13 +267,25 @@ ssize_t Session::read(void* buf, size_t n) {
 }
 
 ssize_t Session::write(const void* buf, size_t n) {
-  if (n == 0) return 0;
-  ERR_clear_error();
-  errno = 0;
-  size_t put = 0;
-  const int r = SSL_write_ex(ssl_, buf, n, &put);
-  if (r == 1) return static_cast<ssize_t>(put);
-  return fail(r, "write");
+  // With partial writes each SSL_write_ex seals and sends one record (16 KiB at most): go on
+  // until the socket is full, as send(2) does, so the caller's loop runs once per buffer-full,
+  // not once per record. After a would-block the retry starts at the byte that blocked, which
+  // is what OpenSSL asks (the same buffer for the record it holds).
+  size_t total = 0;
+  while (total < n) {
+    ERR_clear_error();
+    errno = 0;
+    size_t put = 0;
+    const int r = SSL_write_ex(ssl_, static_cast<const char*>(buf) + total, n - total, &put);
+    if (r == 1) {
+      total += put;
+      continue;
+    }
+    const ssize_t failed = fail(r, "write");
+    if (total > 0 && failed < 0 && errno == EAGAIN) break;
+    return total > 0 && failed == 0 ? static_cast<ssize_t>(total) : failed;
+  }
+  return static_cast<ssize_t>(total);
 }
 
 ssize_t Session::writev(const iovec* iov, int n) {
