@@ -11,6 +11,8 @@
 // one goes when there are too many, is tcp_store_admission.cc's to say.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -8,6 +8,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,6 +85,42 @@ int find_psk(SSL* ssl, const unsigned char* identity, size_t identity_len, SSL_S
   *sess = psk_session(ssl, context_of(ssl)->psk());
   return *sess != nullptr ? 1 : 0;
 }
+
+// OpenSSL writes to the socket with write(2), which raises SIGPIPE on a connection the peer
+// reset; the plaintext paths use MSG_NOSIGNAL. A library must not change the process's signal
+// handling, so SIGPIPE is blocked in this thread while OpenSSL may write, and one it raised is
+// taken before it is unblocked: the write then fails with EPIPE, as send(MSG_NOSIGNAL) does.
+class NoSigpipe {
+ public:
+  NoSigpipe() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~NoSigpipe() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigemptyset(&pending);
+      if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+        const int saved = errno;
+        timespec zero{0, 0};
+        while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+        }
+        errno = saved;
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  NoSigpipe(const NoSigpipe&) = delete;
+  NoSigpipe& operator=(const NoSigpipe&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
 
 }  // namespace
 
@@ -221,6 +259,7 @@ ssize_t Session::fail(int ret, const char* what) {
 }
 
 Step Session::handshake() {
+  NoSigpipe no_sigpipe;
   ERR_clear_error();
   errno = 0;
   const int r = SSL_do_handshake(ssl_);
@@ -258,12 +297,23 @@ Status Session::handshake_until(int64_t deadline_ms) {
 }
 
 ssize_t Session::read(void* buf, size_t n) {
-  ERR_clear_error();
-  errno = 0;
-  size_t got = 0;
-  const int r = SSL_read_ex(ssl_, buf, n, &got);
-  if (r == 1) return static_cast<ssize_t>(got);
-  return fail(r, "read");
+  NoSigpipe no_sigpipe;  // reading may answer (an alert, a key update)
+  // Each SSL_read_ex hands out one record at most: go on until n bytes or nothing more is
+  // there, as recv(2) does with what the socket holds.
+  size_t total = 0;
+  while (total < n) {
+    ERR_clear_error();
+    errno = 0;
+    size_t got = 0;
+    const int r = SSL_read_ex(ssl_, static_cast<char*>(buf) + total, n - total, &got);
+    if (r == 1) {
+      total += got;
+      continue;
+    }
+    if (total > 0) break;  // what failed (would block, closed, broken) shows at the next call
+    return fail(r, "read");
+  }
+  return static_cast<ssize_t>(total);
 }
 
 ssize_t Session::write(const void* buf, size_t n) {
@@ -271,6 +321,7 @@ ssize_t Session::write(const void* buf, size_t n) {
   // until the socket is full, as send(2) does, so the caller's loop runs once per buffer-full,
   // not once per record. After a would-block the retry starts at the byte that blocked, which
   // is what OpenSSL asks (the same buffer for the record it holds).
+  NoSigpipe no_sigpipe;
   size_t total = 0;
   while (total < n) {
     ERR_clear_error();
