@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(&h, data, sizeof h);
     at = sizeof h;
     if (hello_problem(h).empty())
-      FUZZ_CHECK(h.magic == kHelloMagic && h.version == kProtocolVersion && h.reserved == 0);
+      FUZZ_CHECK(h.magic == kHelloMagic && h.version == kProtocolVersion && (h.flags & ~kHelloTls) == 0);
     std::memcpy(client_nonce.data(), h.nonce, client_nonce.size());
   }
   if (size - at >= sizeof(Proof)) {

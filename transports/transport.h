@@ -24,6 +24,7 @@
 #include "posix/fd.h"
 #include "status.h"
 #include "store/store.h"
+#include "tls/tls.h"
 
 namespace comm::transport {
 
@@ -152,6 +153,9 @@ struct Options {
   // COMM_HEARTBEAT_MS: how often a rank tells its connected peers it is alive (socket frames);
   // 0: no heartbeats, so no silence verdict (closes and exits are still seen).
   int heartbeat_ms = 0;
+  // COMM_TLS: the socket transport's connections run TLS 1.3 in this context (tls/tls.h; the
+  // core derives its key from the job secret); null: plaintext.
+  std::shared_ptr<tls::Context> tls;
 };
 
 class Transport {

@@ -256,7 +256,8 @@ Status resolve_identity(const comm_config_t& cfg, Identity* out) {
   return Status::Ok();
 }
 
-Status open_store(const Identity& id, int timeout_ms, const std::string& auth_token, std::shared_ptr<Store>* out) {
+Status open_store(const Identity& id, int timeout_ms, const std::string& auth_token, std::shared_ptr<Store>* out,
+                  std::shared_ptr<tls::Context> tls) {
   if (out == nullptr) return InvalidArgument("open_store: out is NULL");
   if (timeout_ms <= 0) return InvalidArgument("rendezvous timeout " + std::to_string(timeout_ms) + " ms must be positive");
   const std::string& m = id.init_method;
@@ -275,6 +276,7 @@ Status open_store(const Identity& id, int timeout_ms, const std::string& auth_to
   options.world_size = id.world_size;
   options.timeout_ms = timeout_ms;
   options.auth_token = auth_token;
+  options.tls = std::move(tls);
   return make_tcp_store(options, out).prefixed(context);
 }
 

@@ -30,7 +30,8 @@ struct Identity {
 Status resolve_identity(const comm_config_t& cfg, Identity* out);
 
 // Connects to (rank 0: serves) the store the identity names. Bounded by timeout_ms.
+// tls: COMM_TLS for a TCP store (TcpStoreOptions::tls); null: plaintext.
 Status open_store(const Identity& id, int timeout_ms, const std::string& auth_token,
-                  std::shared_ptr<Store>* out);
+                  std::shared_ptr<Store>* out, std::shared_ptr<tls::Context> tls = nullptr);
 
 }  // namespace comm

@@ -22,6 +22,7 @@
 #include "device/device.h"
 #include "interfaces.h"
 #include "socket/net.h"
+#include "tls/tls.h"
 #include "process_plan.h"
 #include "registry.h"
 #include "tuning/nccl_settings.h"
@@ -107,6 +108,13 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
     Status known = algo::check_name(s->forced_algo, "COMM_ALGO");
     if (!known.ok()) return InvalidArgument(known.message() + "; set COMM_ALGO to one of these, or unset it");
   }
+  if (cfg.tls != COMM_UNSET) {
+    if (cfg.tls != 0 && cfg.tls != 1)
+      return InvalidArgument("comm_config_t.tls = " + std::to_string(cfg.tls) + " must be 0, 1 (or COMM_UNSET)");
+    s->tls = cfg.tls == 1;
+  } else {
+    COMM_RETURN_IF_ERROR(tls::enabled_from_env(&s->tls));
+  }
   int64_t heartbeat = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_HEARTBEAT_MS", 0, 3600 * 1000, &heartbeat));
   s->heartbeat_ms = static_cast<int>(heartbeat);
@@ -134,6 +142,8 @@ Fingerprint fingerprint(int world_size, const CommSettings& s) {
       {"heartbeat (COMM_HEARTBEAT_MS)", std::to_string(s.heartbeat_ms)},
       // Strict mode adds an exchange to every call: all ranks or none.
       {"strict collective checks (COMM_CHECK_COLLECTIVES)", s.check_collectives ? "1" : "0"},
+      // A rank with TLS and one without cannot talk: named here, before any data connection.
+      {"TLS (COMM_TLS / comm_config_t.tls)", s.tls ? "1" : "0"},
       {"ABI version", std::to_string(COMM_ABI_VERSION_MAJOR) + "." + std::to_string(COMM_ABI_VERSION_MINOR)},
       {"host transport per peer class (topology plan)", topology::peer_transport_digest()},
   };
@@ -506,7 +516,11 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   announce_once();
   std::string token;
   COMM_RETURN_IF_ERROR(params::get_string("COMM_AUTH_TOKEN", &token));
-  COMM_RETURN_IF_ERROR(open_store(id, c->settings.timeout_ms, token, &c->job_store));
+  // COMM_TLS: the store's key comes from COMM_AUTH_TOKEN (or the certificates); the job secret
+  // then travels inside TLS (libcomm/base/tls/tls.h).
+  std::shared_ptr<tls::Context> store_tls;
+  COMM_RETURN_IF_ERROR(tls::context_from_env(c->settings.tls, token, "store", "COMM_AUTH_TOKEN", &store_tls));
+  COMM_RETURN_IF_ERROR(open_store(id, c->settings.timeout_ms, token, &c->job_store, store_tls));
   // Once per process: plan, NCCL_* env (the profile's over the plan's); never fails.
   std::vector<std::string> nccl_notes;
   const auto nccl = tuning::nccl_settings(c->settings.profile.get(), c->size, &nccl_notes);
@@ -518,7 +532,9 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   // the barrier below only with the verdict) can have been served.
   TreeRole tree;
   std::unique_ptr<VerdictServer> server;
-  tree.on = c->job_store->dies_with_rank0() && c->size > 2;
+  // Not under COMM_TLS: the verdict carries the job secret, and the tree's connections are plain
+  // TCP; the store's are TLS.
+  tree.on = c->job_store->dies_with_rank0() && c->size > 2 && !c->settings.tls;
   if (tree.on && tree_has_children(c->rank, c->size)) {
     std::string hook;
     COMM_RETURN_IF_ERROR(test_tree_hook(c->rank, &hook));

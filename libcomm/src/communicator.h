@@ -44,6 +44,7 @@ struct CommSettings {
   std::shared_ptr<const tuning::Profile> profile;  // COMM_TUNING_FILE, parsed; null when unset
   int heartbeat_ms = 1000;         // COMM_HEARTBEAT_MS: idle detection's period (watch.h); 0: off
   bool check_collectives = false;  // COMM_CHECK_COLLECTIVES: every call confirms its signature (strict.cc)
+  bool tls = false;  // COMM_TLS / comm_config_t.tls: socket connections run TLS 1.3 (connect.cc)
 };
 
 }  // namespace comm

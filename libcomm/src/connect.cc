@@ -9,6 +9,7 @@
 #include "process_plan.h"
 #include "registry.h"
 #include "routed/routed_transport.h"
+#include "tls/tls.h"
 
 namespace comm {
 namespace {
@@ -179,6 +180,16 @@ Status connect_transport(comm_t c) {
   opt.timeout_ms = c->settings.timeout_ms;
   opt.heartbeat_ms = c->settings.heartbeat_ms;
   opt.secret = c->secret;
+  if (c->settings.tls) {
+    // The data path's key comes from the job secret (fresh per job, handed out through the
+    // store, itself under TLS), or the cluster's certificates (libcomm/base/tls/tls.h).
+    COMM_RETURN_IF_ERROR(tls::context_from_env(true, c->secret, "socket", "the job secret", &opt.tls));
+    std::string why;
+    const bool ktls = tls::kernel_tls_available(&why);
+    COMM_INFO(kNet, "comm %s rank %d: socket connections run TLS 1.3 (%s); kernel TLS %s: %s", c->id.c_str(), c->rank,
+              opt.tls->uses_psk() ? "pre-shared key" : "certificates", ktls ? "available" : "not available",
+              why.c_str());
+  }
   opt.store = transport_store(c, fallback);
   opt.comm_label = "comm " + c->id;
   opt.all_local = c->all_local;

@@ -18,6 +18,7 @@
 #include "device/device.h"
 #include "hash.h"
 #include "log.h"
+#include "tls/tls.h"
 #include "store/store.h"
 
 namespace comm {
@@ -62,6 +63,7 @@ Status serve_rescue_store(comm_t c, const std::string& id, const std::string& to
     o.is_server = true;
     o.timeout_ms = c->settings.timeout_ms;
     o.auth_token = token;
+    COMM_RETURN_IF_ERROR(tls::context_from_env(c->settings.tls, token, "store", "the shrink token", &o.tls));
     last = make_tcp_store(o, out);
     if (last.ok()) {
       COMM_INFO(kInit, "comm %s rank %d: comm_shrink: serving the survivors' store on port %d", c->id.c_str(), c->rank,
@@ -86,6 +88,7 @@ Status join_rescue_store(comm_t c, const std::string& id, const std::string& tok
       o.port = port;
       o.timeout_ms = kProbeMs;
       o.auth_token = token;
+      COMM_RETURN_IF_ERROR(tls::context_from_env(c->settings.tls, token, "store", "the shrink token", &o.tls));
       std::shared_ptr<Store> probe;
       Status st = make_tcp_store(o, &probe);
       if (st.ok()) {

@@ -164,6 +164,12 @@ inline Env torchrun_env(int r, int n, int port, int timeout_ms, const Env& extra
   // ABI_TRANSPORT runs the same process tests over another transport (COMM_TRANSPORT); a test
   // that sets COMM_TRANSPORT itself keeps its own.
   if (const char* t = std::getenv("ABI_TRANSPORT")) env.emplace_back("COMM_TRANSPORT", t);
+  // ABI_TLS=1: the same with COMM_TLS=1 (its key from the COMM_AUTH_TOKEN set here), so failures
+  // are checked to read the same over TLS (issue 28).
+  if (std::getenv("ABI_TLS") != nullptr) {
+    env.emplace_back("COMM_TLS", "1");
+    env.emplace_back("COMM_AUTH_TOKEN", "abi-tls-token");
+  }
   for (const auto& [k, v] : extra) {
     bool replaced = false;
     for (auto& e : env) {

@@ -3,11 +3,16 @@
 // requests (no allocation per message).
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "socket/net.h"
 #include "socket/wire.h"
+#include "tls/tls.h"
 #include "transport.h"
 
 namespace comm::transport::sock {
@@ -53,6 +58,7 @@ enum class RecvState : uint8_t {
 
 struct Connection {
   Fd fd;
+  std::unique_ptr<tls::Session> tls;  // COMM_TLS: every byte through it (mesh_tls.cc); null: plaintext
   std::string remote;
   int peer = -1;
   int index = 0;
@@ -76,5 +82,21 @@ struct Connection {
   bool close_is_exit = true;  // closed / reset (the peer died), rather than garbage
   std::string close_reason;  // completes "rank 3 <reason> during allreduce #5"
 };
+
+// Every byte of a connection goes through these two: sendmsg(2) / recv(2), or the TLS session
+// with the same semantics (tls/tls.h), so the byte loops of progress.cc are the same for both.
+inline ssize_t conn_send(Connection& c, const iovec* iov, int niov) {
+  if (c.tls) return c.tls->writev(iov, niov);
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(niov);
+  return ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+inline ssize_t conn_recv(Connection& c, void* buf, size_t n) {
+  if (c.tls) return c.tls->read(buf, n);
+  return ::recv(c.fd.get(), buf, n, MSG_DONTWAIT);
+}
+// Bytes a TLS session already read from the socket: poll() does not see them.
+inline bool conn_buffered(const Connection& c) { return c.tls && c.tls->pending(); }
 
 }  // namespace comm::transport::sock

@@ -26,7 +26,8 @@ SocketTransport::~SocketTransport() {
     h.kind = static_cast<uint8_t>(FrameKind::kGoodbye);
     h.coll = static_cast<uint8_t>(CollKind::kInternal);
     h.root = rank();
-    ssize_t n = ::send(c.fd.get(), &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT);
+    iovec iov{&h, sizeof h};
+    ssize_t n = conn_send(c, &iov, 1);
     (void)n;  // best effort: a peer that misses it takes this close for a death
     ::shutdown(c.fd.get(), SHUT_WR);
   }
@@ -35,7 +36,8 @@ SocketTransport::~SocketTransport() {
 bool SocketTransport::flush_beat(Connection& c) {
   while (c.beat_left != 0) {
     const char* from = reinterpret_cast<const char*>(&c.beat_hdr) + (kHeaderBytes - c.beat_left);
-    ssize_t n = ::send(c.fd.get(), from, c.beat_left, MSG_NOSIGNAL | MSG_DONTWAIT);
+    iovec iov{const_cast<char*>(from), c.beat_left};
+    ssize_t n = conn_send(c, &iov, 1);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (!would_block(errno)) close_after_send_error(c, errno);

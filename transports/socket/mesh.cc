@@ -9,58 +9,10 @@
 #include <cstring>
 
 #include "log.h"
+#include "socket/mesh_states.h"
 #include "socket/wire.h"
 
 namespace comm::transport::sock {
-namespace {
-
-constexpr size_t kMaxPendingAccepts = 64;  // half-open strangers we keep before shedding the oldest
-constexpr int kFirstBackoffMs = 10;
-constexpr int kMaxBackoffMs = 500;
-// Refused this often: nothing listens at the peer's address. Listeners stay open for the job's
-// life and are published only once listening, so the peer is gone; a few tries ride out a
-// transient, then the caller fails now instead of at its timeout.
-constexpr int kRefusalsMeanGone = 3;
-
-// Per connection slot (linked_).
-constexpr uint8_t kNotLinked = 0;
-constexpr uint8_t kLinked = 1;
-constexpr uint8_t kPeerDials = 2;  // our dial was answered kYield: the peer's arrives
-
-enum class OutState { kWaitRetry, kConnecting, kSendHello, kAwaitReply, kDone };
-
-}  // namespace
-
-struct Mesh::Outgoing {
-  int peer = 0;
-  int index = 0;
-  SockAddr addr;
-  std::string out;  // what goes next: the Hello, then the Proof
-  Nonce nonce{};     // this connection's client nonce, fresh per attempt
-  Nonce server_nonce{};  // from the acceptor's challenge
-  bool proved = false;  // the Proof went out: the next Reply is the verdict
-  OutState state = OutState::kWaitRetry;
-  Fd fd;
-  bool unusable = false;  // the published address does not parse
-  Clock::time_point retry_at{};
-  int backoff_ms = kFirstBackoffMs;
-  int refusals = 0;
-  size_t sent = 0;
-  Reply reply{};
-  uint8_t extra[kDigestBytes] = {};  // what follows the Reply (reply_extra_bytes)
-  size_t got = 0;
-  std::string last_error = "not tried yet";
-};
-
-struct Mesh::Incoming {
-  Fd fd;
-  std::string remote;
-  Hello hello{};
-  Proof proof{};
-  Nonce server_nonce{};
-  bool challenged = false;  // the challenge went out: the Proof is being read
-  size_t got = 0;  // bytes of the Hello (then of the Proof) received so far
-};
 
 Mesh::Mesh(MeshConfig config) : c_(std::move(config)) {
   linked_.assign(static_cast<size_t>(c_.size) * static_cast<size_t>(c_.nconns), 0);
@@ -218,12 +170,13 @@ void Mesh::want(int peer, int count) {
 
 void Mesh::add_polls(std::vector<pollfd>* pfds, Clock::time_point* wake) {
   if (listener_.valid()) pfds->push_back({listener_.get(), POLLIN, 0});
-  for (auto& in : incoming_) pfds->push_back({in.fd.get(), POLLIN, 0});
+  for (auto& in : incoming_) pfds->push_back({in.fd.get(), in.tls.session ? in.tls.events : short{POLLIN}, 0});
   for (auto& o : outgoing_) {
     short events = 0;
     if (o.state == OutState::kWaitRetry) *wake = std::min(*wake, std::max(o.retry_at, Clock::now()));
     if (o.state == OutState::kConnecting || o.state == OutState::kSendHello) events = POLLOUT;
     if (o.state == OutState::kAwaitReply) events = POLLIN;
+    if (o.state == OutState::kTls) events = o.tls.events;
     // Every outgoing gets an entry (events 0 while it waits to retry): on_poll maps by position.
     pfds->push_back({events != 0 ? o.fd.get() : -1, events, 0});
   }
@@ -293,6 +246,7 @@ Status Mesh::accept_all() {
 }
 
 Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
+  if (in.tls.session) return tls_accepted(in, done);
   for (;;) {
     // First the Hello, then (after the challenge) the Proof.
     const size_t want = in.challenged ? sizeof(Proof) : sizeof(Hello);
@@ -373,6 +327,13 @@ Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
     return InvalidUsage(me() + ": " + who + " uses COMM_SOCKET_NCONNS=" + std::to_string(h.nconns) +
                         " but this rank uses " + std::to_string(c_.nconns) + "; set the same value on every rank");
   }
+  if (((h.flags & kHelloTls) != 0) != (c_.tls != nullptr)) {
+    reply(in, static_cast<uint32_t>(ReplyCode::kTlsMismatch), c_.tls != nullptr ? 1 : 0);
+    drop(in, c_.tls != nullptr ? "does not run TLS (COMM_TLS=0)" : "runs TLS (COMM_TLS=1)");
+    return InvalidUsage(me() + ": " + who + (c_.tls != nullptr ? " runs without TLS (COMM_TLS=0) but this rank requires it"
+                                                              : " runs TLS (COMM_TLS=1) but this rank does not") +
+                        "; set the same COMM_TLS on every rank");
+  }
   if (h.rank < 0 || h.rank == c_.rank || h.rank >= c_.size || h.conn_index >= h.nconns) {
     reply(in, static_cast<uint32_t>(ReplyCode::kBadRank), 0);
     drop(in, "claimed rank " + std::to_string(h.rank) + " connection #" + std::to_string(h.conn_index) +
@@ -407,8 +368,12 @@ Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
   set_nodelay(in.fd.get());
   linked_[slot(h.rank, index)] = kLinked;
   ++connected_;
+  if (c_.tls) {
+    COMM_RETURN_IF_ERROR(tls_start(&in.tls, in.fd.get(), false));
+    return tls_accepted(in, done);
+  }
   COMM_INFO(kNet, "%s: rank %d connected (connection #%d, %s)", me().c_str(), h.rank, index, in.remote.c_str());
-  done->push_back(MeshLink{h.rank, index, std::move(in.fd), in.remote});
+  done->push_back(MeshLink{h.rank, index, std::move(in.fd), in.remote, nullptr});
   return Status::Ok();
 }
 
@@ -455,7 +420,7 @@ Status Mesh::start_connect(Outgoing& o) {
   Status st = random_nonce(&o.nonce);
   if (!st.ok()) return st.prefixed(me() + ": socket transport: ");
   Hello h{kHelloMagic, kProtocolVersion, c_.rank, c_.size, static_cast<uint32_t>(o.index),
-          static_cast<uint32_t>(c_.nconns), 0, {}};
+          static_cast<uint32_t>(c_.nconns), c_.tls != nullptr ? kHelloTls : 0, {}};
   std::memcpy(h.nonce, o.nonce.data(), sizeof h.nonce);
   o.out.assign(reinterpret_cast<const char*>(&h), sizeof h);
   o.proved = false;
@@ -474,6 +439,7 @@ Status Mesh::start_connect(Outgoing& o) {
 
 Status Mesh::on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<MeshFailure>* failed) {
   const std::string& where = addrs_[static_cast<size_t>(o.peer)];
+  if (o.state == OutState::kTls) return tls_connected(o, done);
   if (o.state == OutState::kConnecting) {
     int err = 0;
     socklen_t len = sizeof err;
@@ -558,8 +524,14 @@ Status Mesh::on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<M
   set_nodelay(o.fd.get());
   linked_[slot(o.peer, o.index)] = kLinked;
   ++connected_;
+  if (c_.tls) {
+    COMM_RETURN_IF_ERROR(tls_start(&o.tls, o.fd.get(), true));
+    o.state = OutState::kTls;
+    o.last_error = "connected, but the TLS handshake did not finish";
+    return tls_connected(o, done);
+  }
   COMM_INFO(kNet, "%s: connected to rank %d (connection #%d, %s)", me().c_str(), o.peer, o.index, where.c_str());
-  done->push_back(MeshLink{o.peer, o.index, std::move(o.fd), where});
+  done->push_back(MeshLink{o.peer, o.index, std::move(o.fd), where, nullptr});
   o.state = OutState::kDone;
   return Status::Ok();
 }
@@ -576,6 +548,10 @@ Status Mesh::refused(const Outgoing& o) {
     case ReplyCode::kSizeMismatch:
       return InvalidUsage(who + " has world size " + std::to_string(o.reply.value) + " but this rank has " +
                           std::to_string(c_.size));
+    case ReplyCode::kTlsMismatch:
+      return InvalidUsage(who + (o.reply.value != 0 ? " requires TLS (COMM_TLS=1) but this rank runs without it"
+                                                    : " runs without TLS (COMM_TLS=0) but this rank requires it") +
+                          "; set the same COMM_TLS on every rank");
     case ReplyCode::kNconnsMismatch:
       return InvalidUsage(who + " uses COMM_SOCKET_NCONNS=" + std::to_string(o.reply.value) +
                           " but this rank uses " + std::to_string(c_.nconns) + "; set the same value on every rank");

@@ -14,6 +14,7 @@
 
 #include <poll.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "deadline.h"
 #include "store/store.h"
 #include "socket/net.h"
+#include "tls/tls.h"
 
 namespace comm::transport::sock {
 
@@ -34,6 +36,8 @@ struct MeshConfig {
   Store* store = nullptr;
   std::string host;  // numeric address of the chosen interface
   int family = 0;
+  // COMM_TLS: after the handshake every connection runs TLS 1.3 (mesh_tls.cc); null: plaintext.
+  std::shared_ptr<tls::Context> tls;
 };
 
 struct MeshLink {
@@ -41,6 +45,17 @@ struct MeshLink {
   int index = 0;
   Fd fd;               // connected, non-blocking, CLOEXEC, TCP_NODELAY
   std::string remote;  // "192.0.2.2:41234", for messages
+  std::unique_ptr<tls::Session> tls;  // COMM_TLS: every byte goes through it
+};
+
+// A connection whose libcomm handshake succeeded and whose TLS handshake runs (mesh_tls.cc).
+struct TlsPending {
+  std::unique_ptr<tls::Session> session;  // null: no TLS handshake under way
+  short events = POLLIN;                  // what the handshake waits for
+  std::string why;                        // kFailed: what went wrong
+  bool handshaken = false;  // connector: the handshake is done, the acceptor's kTlsReady is read
+  uint64_t ready = 0;       // connector: kTlsReady as it arrives
+  size_t ready_got = 0;
 };
 
 // A peer that cannot be connected: every connection to it fails with `reason` ("refused the
@@ -94,6 +109,8 @@ class Mesh {
   Status accept_all();
   Status on_incoming(Incoming& in, std::vector<MeshLink>* done);
   Status validate(Incoming& in, std::vector<MeshLink>* done);
+  Status tls_accepted(Incoming& in, std::vector<MeshLink>* done);
+  Status tls_connected(Outgoing& o, std::vector<MeshLink>* done);
   bool challenge(Incoming& in);
   bool reply(Incoming& in, uint32_t code, uint32_t value, const uint8_t* extra = nullptr, size_t extra_bytes = 0);
   void drop(Incoming& in, const std::string& why, bool quiet = false);
@@ -103,6 +120,11 @@ class Mesh {
   void retry(Outgoing& o, const std::string& why);
   void give_up(Outgoing& o, const std::string& reason, bool is_exit, std::vector<MeshFailure>* failed);
   std::string me() const;
+  // mesh_tls.cc: starting and stepping a TLS handshake after the libcomm one.
+  enum class TlsStep { kWaiting, kDone, kFailed };
+  Status tls_start(TlsPending* t, int fd, bool client);
+  TlsStep tls_step(TlsPending* t);
+  std::string tls_refusal(int peer, const std::string& where, const std::string& why) const;
   size_t slot(int peer, int index) const {
     return static_cast<size_t>(peer) * static_cast<size_t>(c_.nconns) + static_cast<size_t>(index);
   }

@@ -14,11 +14,14 @@ namespace comm::transport::sock {
 
 // Every live data connection, watched for input (so ERROR frames and closes are seen even
 // from peers this wait does not involve) -- except a stashed one, whose next bytes belong to a
-// receive not posted yet -- and for output while it has something to send.
-void SocketTransport::collect_polls(std::vector<pollfd>* pfds, std::vector<size_t>* conn_of) {
+// receive not posted yet -- and for output while it has something to send. true: a TLS session holds bytes it read
+// already, which poll() cannot report: the caller polls without blocking.
+bool SocketTransport::collect_polls(std::vector<pollfd>* pfds, std::vector<size_t>* conn_of) {
+  bool buffered = false;
   for (size_t i = 0; i < conns_.size(); ++i) {
     Connection& c = conns_[i];
     if (c.closed || !c.fd.valid()) continue;
+    buffered = buffered || (c.state != RecvState::kStashed && conn_buffered(c));
     short events = 0;
     if (c.state != RecvState::kStashed) events |= POLLIN;
     if (!c.sends.empty() || c.beat_left != 0) events |= POLLOUT;
@@ -26,6 +29,7 @@ void SocketTransport::collect_polls(std::vector<pollfd>* pfds, std::vector<size_
     pfds->push_back({c.fd.get(), events, 0});
     conn_of->push_back(i);
   }
+  return buffered;
 }
 
 // Moves what poll() said is ready, for entries [from, to). Readiness is a hint: the progress
@@ -34,9 +38,10 @@ void SocketTransport::collect_polls(std::vector<pollfd>* pfds, std::vector<size_
 Status SocketTransport::handle_polls(const std::vector<pollfd>& pfds, const std::vector<size_t>& conn_of, size_t from,
                                      size_t to) {
   for (size_t k = from; k < to; ++k) {
-    short re = pfds[k].revents;
-    if (re == 0) continue;
     Connection& c = conns_[conn_of[k]];
+    short re = pfds[k].revents;
+    if (c.state != RecvState::kStashed && conn_buffered(c)) re |= POLLIN;  // read already, by TLS
+    if (re == 0) continue;
     if (c.closed || c.fd.get() != pfds[k].fd) continue;
     // Read before writing: a peer that failed sends an ERROR frame naming the cause, then exits,
     // and its kernel resets the connection if our data was still unread; the reset fails our
@@ -59,7 +64,7 @@ Status SocketTransport::progress(int timeout_ms) {
   pfd_conn_.clear();
   pfds_.push_back({wake_.get(), POLLIN, 0});
   pfd_conn_.push_back(0);
-  collect_polls(&pfds_, &pfd_conn_);
+  if (collect_polls(&pfds_, &pfd_conn_)) timeout_ms = 0;
   // The listener (peers connect on first use, for the job's life), handshakes and dials.
   const size_t first_mesh = pfds_.size();
   if (mesh_) {
@@ -81,7 +86,7 @@ Status SocketTransport::progress(int timeout_ms) {
     for (auto& link : new_links_) install(link);
     for (const auto& f : failures_) unreachable(f);
   }
-  if (rc == 0) return Status::Ok();
+  if (rc == 0 && timeout_ms != 0) return Status::Ok();
   if (pfds_[0].revents & POLLIN) {
     // Drain wake()'s signal so the next poll blocks again (abort is also kept in aborted_).
     uint64_t count = 0;
@@ -123,10 +128,7 @@ bool SocketTransport::write_head_frame(Connection& c) {
     uint64_t payload_done = p.done > kHeaderBytes ? p.done - kHeaderBytes : 0;
     if (payload_done < p.length)
       iov[niov++] = {r.buf + p.offset + payload_done, static_cast<size_t>(p.length - payload_done)};
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(niov);
-    ssize_t n = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = conn_send(c, iov, niov);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (!would_block(errno)) close_after_send_error(c, errno);
@@ -168,7 +170,10 @@ bool SocketTransport::handle_recv_result(Connection& c, ssize_t n) {
     return false;
   }
   if (errno == EINTR) return true;
-  if (!would_block(errno)) close_connection(c, "reset its connection (" + errno_string(errno) + ")", true);
+  if (errno == EPROTO && c.tls)  // a record that does not authenticate, or the peer's TLS alert
+    close_connection(c, "broke TLS on its connection (" + c.tls->why() + ")", false);
+  else if (!would_block(errno))
+    close_connection(c, "reset its connection (" + errno_string(errno) + ")", true);
   return false;
 }
 
@@ -180,8 +185,7 @@ Status SocketTransport::recv_progress(Connection& c) {
         return Status::Ok();
       case RecvState::kHeader: {
         // Only the header: the payload goes straight into the matching receive's buffer.
-        ssize_t n = ::recv(c.fd.get(), reinterpret_cast<char*>(&c.recv_hdr) + c.hdr_got, kHeaderBytes - c.hdr_got,
-                           MSG_DONTWAIT);
+        ssize_t n = conn_recv(c, reinterpret_cast<char*>(&c.recv_hdr) + c.hdr_got, kHeaderBytes - c.hdr_got);
         if (!handle_recv_result(c, n)) return Status::Ok();
         if (n < 0) continue;
         c.hdr_got += static_cast<size_t>(n);
@@ -193,7 +197,7 @@ Status SocketTransport::recv_progress(Connection& c) {
       case RecvState::kPayload: {
         Part& p = part(c.receives.head);
         Request& r = owner(c.receives.head);
-        ssize_t n = ::recv(c.fd.get(), r.buf + p.offset + p.done, static_cast<size_t>(p.length - p.done), MSG_DONTWAIT);
+        ssize_t n = conn_recv(c, r.buf + p.offset + p.done, static_cast<size_t>(p.length - p.done));
         if (!handle_recv_result(c, n)) return Status::Ok();
         if (n < 0) continue;
         p.done += static_cast<uint64_t>(n);
@@ -206,7 +210,7 @@ Status SocketTransport::recv_progress(Connection& c) {
       }
       case RecvState::kErrorText: {
         size_t need = static_cast<size_t>(c.recv_hdr.length);
-        ssize_t n = ::recv(c.fd.get(), c.error_text + c.text_got, need - c.text_got, MSG_DONTWAIT);
+        ssize_t n = conn_recv(c, c.error_text + c.text_got, need - c.text_got);
         if (!handle_recv_result(c, n)) return Status::Ok();
         if (n < 0) continue;
         c.text_got += static_cast<size_t>(n);
@@ -375,10 +379,7 @@ void SocketTransport::notify_peers(const Status& failure) {
         if (o.sent < kHeaderBytes) iov[niov++] = {reinterpret_cast<char*>(&h) + o.sent, kHeaderBytes - o.sent};
         size_t text_done = o.sent > kHeaderBytes ? o.sent - kHeaderBytes : 0;
         if (text_done < text.size()) iov[niov++] = {text.data() + text_done, text.size() - text_done};
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = static_cast<size_t>(niov);
-        ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = conn_send(c, iov, niov);
         if (n > 0) {
           o.sent += static_cast<size_t>(n);
         } else if (n < 0 && errno == EINTR) {

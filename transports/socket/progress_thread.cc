@@ -88,15 +88,15 @@ void SocketTransport::progress_thread_loop() {
     thread_conn_of_.clear();
     thread_pfds_.push_back({thread_wake_.get(), POLLIN, 0});
     thread_conn_of_.push_back(0);
-    collect_polls(&thread_pfds_, &thread_conn_of_);
+    const bool buffered = collect_polls(&thread_pfds_, &thread_conn_of_);  // TLS: bytes poll() cannot see
     thread_polling_ = true;
     lock.unlock();
     // A caller that enters meanwhile takes the lock at once; this poll then ends at the next
     // event (or after kMaxBlockMs) and the thread parks.
-    int rc = ::poll(thread_pfds_.data(), thread_pfds_.size(), kMaxBlockMs);
+    int rc = ::poll(thread_pfds_.data(), thread_pfds_.size(), buffered ? 0 : kMaxBlockMs);
     lock.lock();
     thread_polling_ = false;
-    if (rc <= 0) continue;  // EINTR or nothing within the cap: look again
+    if (rc < 0 || (rc == 0 && !buffered)) continue;  // EINTR or nothing within the cap: look again
     if (thread_pfds_[0].revents & POLLIN) {
       uint64_t count = 0;
       ssize_t ignored = ::read(thread_wake_.get(), &count, sizeof count);

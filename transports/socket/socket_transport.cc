@@ -38,6 +38,7 @@ void SocketTransport::install(MeshLink& link) {
   Connection& c = conn(link.peer, link.index);
   if (c.closed || c.fd.valid()) return;  // failed meanwhile; or (never) twice
   c.fd = std::move(link.fd);
+  c.tls = std::move(link.tls);
   c.remote = std::move(link.remote);
   heard_[static_cast<size_t>(link.peer)] = Clock::now();  // silence is counted from here
   ++moved_;  // a finished handshake is progress
@@ -303,6 +304,7 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     config.store = options.store.get();
     config.host = listen.address;
     config.family = listen.family;
+    config.tls = options.tls;
     mesh = std::make_unique<Mesh>(config);
     if (options.early && options.early->fd.valid())
       COMM_RETURN_IF_ERROR(mesh->adopt(std::move(options.early->fd), options.early->table));

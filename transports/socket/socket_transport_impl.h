@@ -118,7 +118,7 @@ class SocketTransport final : public Transport {
   PartLink pop(PartQueue& q);
 
   Status progress(int timeout_ms);
-  void collect_polls(std::vector<pollfd>* pfds, std::vector<size_t>* conn_of);
+  bool collect_polls(std::vector<pollfd>* pfds, std::vector<size_t>* conn_of);
   Status handle_polls(const std::vector<pollfd>& pfds, const std::vector<size_t>& conn_of, size_t from, size_t to);
   void install(MeshLink& link);
   void unreachable(const MeshFailure& f);

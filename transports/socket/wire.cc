@@ -34,7 +34,7 @@ std::string hello_problem(const Hello& h) {
   if (h.version != kProtocolVersion)
     return "speaks wire protocol version " + std::to_string(h.version) + ", this rank " +
            std::to_string(kProtocolVersion);
-  if (h.reserved != 0) return "sent garbage (reserved handshake field " + std::to_string(h.reserved) + ")";
+  if ((h.flags & ~kHelloTls) != 0) return "sent garbage (handshake flags " + std::to_string(h.flags) + ")";
   return "";
 }
 

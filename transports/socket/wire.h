@@ -35,10 +35,17 @@ struct Hello {
   int32_t size;  // its world size
   uint32_t conn_index;
   uint32_t nconns;
-  uint32_t reserved;  // 0
+  uint32_t flags;  // kHelloTls, or 0 (was `reserved`, always 0)
   uint8_t nonce[kNonceBytes];  // the connector's
 };
 static_assert(sizeof(Hello) == 48);
+// The connector runs COMM_TLS=1: a TLS handshake follows the kOk. An acceptor that does not agree
+// answers kTlsMismatch, so both name the difference instead of failing on garbage.
+constexpr uint32_t kHelloTls = 1;
+// The acceptor's first TLS record: it accepted the connector (with certificates, the connector's
+// certificate), so a connector that reads it knows the connection is usable; one that reads an
+// alert instead knows why not. A TLS 1.3 client ends its handshake before the server checks it.
+constexpr uint64_t kTlsReady = 0x594452534c544331ull;  // "1CTLSRDY"
 
 struct Proof {
   uint64_t magic;  // kProofMagic
@@ -56,6 +63,7 @@ enum class ReplyCode : uint32_t {
   kDuplicate = 6,
   kYield = 7,  // both ranks dialed this connection: the acceptor's (higher rank's) dial wins
   kChallenge = 8,  // followed by the server nonce; the connector answers with its Proof
+  kTlsMismatch = 9,  // COMM_TLS differs; value: the acceptor's (0 or 1)
 };
 
 struct Reply {

@@ -9,6 +9,10 @@
 #include "deadline.h"
 #include "status.h"
 
+namespace comm::tls {
+class Context;  // tls/tls.h
+}
+
 namespace comm {
 
 class Store {
@@ -63,6 +67,9 @@ struct TcpStoreOptions {
   // oldest is closed for a new one, so idle connections cannot use up rank 0's descriptors.
   int hello_timeout_ms = 5000;
   int max_unauthenticated = 64;
+  // COMM_TLS: every connection runs TLS 1.3 in this context after its hello (tls/tls.h; the key
+  // from COMM_AUTH_TOKEN, or certificates); null: plaintext. Server and clients must agree.
+  std::shared_ptr<tls::Context> tls;
 };
 // Rank 0: binds (COMM_ERR_SYSTEM naming the port if in use) and serves on a thread.
 // Others: connect with retry and exponential backoff until timeout (COMM_ERR_TIMEOUT naming

@@ -46,7 +46,7 @@ class Client final : public Store {
   // Connects once (with retry until timeout_ms), so an unreachable rank 0 or a refused
   // token is reported when the store is made, not at its first use.
   Status connect_first() {
-    posix::Fd fd;
+    Channel fd;
     COMM_RETURN_IF_ERROR(connect(Deadline::after_ms(options_.timeout_ms), options_.timeout_ms, &fd));
     reach_address_ = local_host(fd.get());
     release(std::move(fd));
@@ -117,7 +117,7 @@ class Client final : public Store {
   }
 
   Status call(Op op, const std::string& key, const std::string& value, Deadline deadline, std::string* payload) {
-    posix::Fd fd = take_idle();
+    Channel fd = take_idle();
     if (!fd.valid()) {
       Deadline limit = Deadline::after_ms(options_.timeout_ms);
       Status st = connect(deadline.at() < limit.at() ? deadline : limit, options_.timeout_ms, &fd);
@@ -132,7 +132,7 @@ class Client final : public Store {
       // gone, and the caller hears that now.
       COMM_TRACE(kStore, "store %s of key '%s': the server closed the connection before answering; retrying on a "
                  "new one", op_name(op), key.c_str());
-      fd = posix::Fd();
+      fd = Channel();
       Status again = connect(deadline, options_.timeout_ms, &fd, Rejoin::kRefusedIsFinal);
       if (!again.ok())
         return again.prefixed(std::string("store ") + op_name(op) + " of key '" + key + "': rank 0's store closed " +
@@ -141,7 +141,7 @@ class Client final : public Store {
   }
 
   // One request on fd. *closed_early: the server closed it before a byte of the answer came.
-  Status call_on(posix::Fd& fd, Op op, const std::string& key, const std::string& value, Deadline deadline,
+  Status call_on(Channel& fd, Op op, const std::string& key, const std::string& value, Deadline deadline,
                  std::string* payload, bool* closed_early) {
     auto failed = [&](Io io, int err, const char* stage) {
       std::string what = std::string("store ") + op_name(op) + " of key '" + key + "' at " + where_ + ": ";
@@ -161,13 +161,13 @@ class Client final : public Store {
     auto gone = [&](Io io) {
       return io == Io::kClosed || (io == Io::kError && (err == EPIPE || err == ECONNRESET));
     };
-    Io io = send_all(fd.get(), encode_request(op, key, value), deadline, &err);
+    Io io = send_all(fd.get(), fd.tls.get(), encode_request(op, key, value), deadline, &err);
     if (io != Io::kOk) {
       *closed_early = gone(io);
       return failed(io, err, "sending");
     }
     char header[kResponseHeaderBytes];
-    io = recv_exact(fd.get(), header, sizeof header, deadline, &err);
+    io = recv_exact(fd.get(), fd.tls.get(), header, sizeof header, deadline, &err);
     if (io != Io::kOk) {
       // recv_exact reports kClosed only before the first byte of an answer when none came.
       *closed_early = gone(io);
@@ -178,7 +178,7 @@ class Client final : public Store {
       return SystemError("store " + std::string(op_name(op)) + " at " + where_ +
                          ": malformed reply (is MASTER_PORT the port of a libcomm store?)");
     std::string body(len, '\0');
-    io = recv_exact(fd.get(), body.data(), len, deadline, &err);
+    io = recv_exact(fd.get(), fd.tls.get(), body.data(), len, deadline, &err);
     if (io != Io::kOk) return failed(io, err, "receiving the reply");
     auto reply = static_cast<Reply>(static_cast<uint8_t>(header[4]));
     if (reply == Reply::kError) {
@@ -193,15 +193,15 @@ class Client final : public Store {
     return Status::Ok();
   }
 
-  posix::Fd take_idle() {
+  Channel take_idle() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (idle_.empty()) return posix::Fd();
-    posix::Fd fd = std::move(idle_.back());
+    if (idle_.empty()) return Channel();
+    Channel fd = std::move(idle_.back());
     idle_.pop_back();
     return fd;
   }
 
-  void release(posix::Fd fd) {
+  void release(Channel fd) {
     std::lock_guard<std::mutex> lock(mu_);
     if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(fd));
   }
@@ -212,7 +212,7 @@ class Client final : public Store {
 
   // Retries with exponential backoff until the deadline: rank 0 may start after us, or its
   // store may close a connection before the hello when it is full (Reply::kBusy).
-  Status connect(Deadline deadline, int timeout_ms, posix::Fd* out, Rejoin rejoin = Rejoin::kRefusedIsRetried) {
+  Status connect(Deadline deadline, int timeout_ms, Channel* out, Rejoin rejoin = Rejoin::kRefusedIsRetried) {
     int backoff_ms = kFirstBackoffMs;
     std::string last_error = "no attempt finished";
     for (;;) {
@@ -234,7 +234,7 @@ class Client final : public Store {
   }
 
   // One attempt over every address the host resolves to. *final: retrying cannot help.
-  Status connect_once(Deadline deadline, posix::Fd* out, bool* final, Rejoin rejoin) {
+  Status connect_once(Deadline deadline, Channel* out, bool* final, Rejoin rejoin) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -253,8 +253,11 @@ class Client final : public Store {
       if (*final) break;
       if (!last.ok()) continue;
       last = handshake(fd.get(), deadline, final);
+      std::unique_ptr<tls::Session> session;
+      if (last.ok() && options_.tls) last = start_tls(fd.get(), deadline, final, &session);
       if (last.ok()) {
-        *out = std::move(fd);
+        out->fd = std::move(fd);
+        out->tls = std::move(session);
         break;
       }
       if (*final) break;
@@ -315,6 +318,7 @@ class Client final : public Store {
     }
     std::string version;
     put_u32(&version, kProtocolVersion);
+    if (options_.tls) put_u32(&version, kHelloTls);  // the server checks that it agrees
     const std::string nonce = token.empty() ? "" : std::string(reinterpret_cast<const char*>(mine.data()), mine.size());
     Reply reply = Reply::kError;
     std::string body;
@@ -350,6 +354,11 @@ class Client final : public Store {
       return InvalidUsage("the store at " + where_ +
                           " refused this process's auth token; set the same COMM_AUTH_TOKEN on every rank "
                           "of the job");
+    if (reply == Reply::kTlsMismatch)
+      return InvalidUsage("the store at " + where_ +
+                          (body == "1" ? " requires TLS (COMM_TLS=1) and this process runs without it"
+                                       : " runs without TLS (COMM_TLS=0) and this process requires it") +
+                          "; set the same COMM_TLS on every rank of the job");
     if (reply == Reply::kVersionMismatch)
       return InvalidUsage("the store at " + where_ + " speaks another store protocol version (its answer: " + body +
                           "; this process: version " + std::to_string(kProtocolVersion) +
@@ -357,6 +366,39 @@ class Client final : public Store {
     return SystemError("the store at " + where_ + " answered the hello with reply " +
                        std::to_string(static_cast<int>(reply)) + " and " + std::to_string(body.size()) +
                        " bytes (is MASTER_PORT the port of a libcomm store?)");
+  }
+
+  // COMM_TLS: after the greeting, the TLS handshake on the same socket (tls/tls.h). The server
+  // agreed to TLS in its greeting, so a failure here is a key or a certificate it refused, or
+  // one this process refuses: final.
+  Status start_tls(int fd, Deadline deadline, bool* final, std::unique_ptr<tls::Session>* out) {
+    Status st = tls::Session::create(options_.tls, fd, tls::Role::kClient, out);
+    if (st.ok()) st = (*out)->handshake_until(tls::Session::clock_ms() + deadline.remaining_ms());
+    if (st.ok()) {
+      // The server's kOk through TLS, or the alert that says why it refused this process.
+      char header[kResponseHeaderBytes];
+      int err = 0;
+      Io io = recv_exact(fd, out->get(), header, sizeof header, deadline, &err);
+      if (io == Io::kTimeout) return Timeout("TLS: no confirmation from the store in time");
+      if (io != Io::kOk)
+        st = SystemError("TLS: refused after the handshake: " +
+                         (io == Io::kClosed ? std::string("the store closed the connection")
+                          : err == EPROTO   ? (*out)->why()
+                                            : errno_string(err)));
+      else if (get_u32(header) != kMagic || static_cast<Reply>(static_cast<uint8_t>(header[4])) != Reply::kOk ||
+               get_u32(header + 8) != 0)
+        st = SystemError("TLS: the store's confirmation is malformed");
+    }
+    if (st.ok()) {
+      COMM_INFO(kStore, "store client: TLS to %s (%s)", where_.c_str(), (*out)->describe().c_str());
+      return st;
+    }
+    if (st.code() == COMM_ERR_TIMEOUT) return st;  // retried: a slow server
+    *final = true;
+    return SystemError("the store at " + where_ + ": " + st.message() +
+                       (options_.tls->uses_psk() ? " (is COMM_AUTH_TOKEN the same on every rank?)"
+                                                 : " (is every rank's COMM_TLS_CERT signed by the COMM_TLS_CA of the "
+                                                   "others?)"));
   }
 
   // Sends one handshake frame and reads the answer. Errors are the hello's: a malformed answer is
@@ -401,7 +443,7 @@ class Client final : public Store {
   const std::string where_;
   std::string reach_address_;  // set once by connect_first, before anyone else sees the store
   std::mutex mu_;
-  std::vector<posix::Fd> idle_;
+  std::vector<Channel> idle_;
   std::atomic<bool> told_busy_{false};  // the first "rank 0's store closed ..." is logged at INFO
 };
 

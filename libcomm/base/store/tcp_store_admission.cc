@@ -193,7 +193,7 @@ void Server::drop_late_strangers() {
   }
 }
 
-void Server::hello(Conn& c, const std::string& nonce, uint32_t version) {
+void Server::hello(Conn& c, const std::string& nonce, uint32_t version, uint32_t flags) {
   if (c.greeted || c.challenged) return drop(c, "sent a second hello");
   if (version != kProtocolVersion) {
     COMM_WARN(kStore,
@@ -205,12 +205,22 @@ void Server::hello(Conn& c, const std::string& nonce, uint32_t version) {
     c.dead = true;
     return;
   }
+  if (((flags & kHelloTls) != 0) != (tls_ != nullptr)) {
+    COMM_WARN(kStore, "store server %s: refused connection from %s: it runs %s TLS, this store %s (COMM_TLS differs)",
+              where_.c_str(), c.peer.c_str(), tls_ != nullptr ? "without" : "with",
+              tls_ != nullptr ? "requires it" : "does not");
+    reply(c, Reply::kTlsMismatch, tls_ != nullptr ? "1" : "0");
+    flush(c);
+    c.dead = true;
+    return;
+  }
   if (nonce.size() != 0 && nonce.size() != kNonceBytes)
     return drop(c, "its hello carries a " + std::to_string(nonce.size()) + "-byte nonce, not 0 or " +
                        std::to_string(kNonceBytes));
   if (token_.empty()) {
     // No token, nothing to prove; a client with one gives up on its own (tcp_store.cc).
     c.greeted = true;
+    c.tls_next = tls_ != nullptr;
     return reply(c, Reply::kOk, "");
   }
   if (nonce.empty()) return refuse(c, "it presented no COMM_AUTH_TOKEN (a rank started without the job's token?)");
@@ -233,6 +243,7 @@ void Server::proof(Conn& c, const std::string& presented) {
                    reinterpret_cast<const uint8_t*>(presented.data())))
     return refuse(c, "its proof of COMM_AUTH_TOKEN is wrong (a rank with another token, or not a rank of this job)");
   c.greeted = true;
+  c.tls_next = tls_ != nullptr;
   const Digest mine = proof_of_secret(token_, kProofContext, Prover::kServer, c.client_nonce, c.server_nonce);
   reply(c, Reply::kOk, std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size()));
 }

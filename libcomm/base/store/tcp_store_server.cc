@@ -35,6 +35,7 @@ Server::Server(posix::Fd listen_fd, posix::Fd wake_fd, int port, std::string whe
       port_(port),
       where_(std::move(where)),
       token_(options.auth_token),
+      tls_(options.tls),
       host_(options.host),
       hello_timeout_(std::chrono::milliseconds(std::max(1, options.hello_timeout_ms))),
       max_strangers_(stranger_limit(options)),
@@ -122,20 +123,24 @@ void Server::wake() {
 void Server::run() {
   std::vector<pollfd> fds;
   while (!stop_.load(std::memory_order_relaxed)) {
+    bool buffered = false;  // COMM_TLS: a connection holds bytes poll() cannot see
     bool accepting = Clock::now() >= accept_resume_;
     fds.clear();
     fds.push_back({wake_fd_.get(), POLLIN, 0});
     fds.push_back({listen_fd_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
     for (auto& c : conns_) {
       short events = POLLRDHUP;
-      if (c->pending_out())
+      if (c->tls_handshaking)
+        events |= c->tls_events;
+      else if (c->pending_out())
         events |= POLLOUT;
       else if (!c->parked)
         events |= POLLIN;
       fds.push_back({c->fd.get(), events, 0});
+      buffered = buffered || c->tls_buffered();
     }
     size_t polled = conns_.size();
-    int timeout_ms = accepting ? -1 : 10;
+    int timeout_ms = buffered ? 0 : accepting ? -1 : 10;
     if (Clock::time_point first = first_hello_deadline(); first != Clock::time_point::max()) {
       // Wake up for the next stranger's hello deadline.
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(first - Clock::now()).count();
@@ -155,7 +160,8 @@ void Server::run() {
       (void)r;
       check_parked_ = true;  // an in-process set or add may have supplied a parked key
     }
-    for (size_t i = 0; i < polled; ++i) handle(*conns_[i], fds[i + 2].revents);
+    for (size_t i = 0; i < polled; ++i)
+      handle(*conns_[i], static_cast<short>(fds[i + 2].revents | (conns_[i]->tls_buffered() ? POLLIN : 0)));
     drop_late_strangers();
     // Accept whenever the pause is over, not only when poll said so: a pause for room must end
     // by itself once a stranger has spoken or gone.
@@ -178,6 +184,10 @@ void Server::handle(Conn& c, short revents) {
     closed(c, "socket error");
     return;
   }
+  if (c.tls_handshaking) {
+    if (revents != 0) tls_step(c);
+    return;
+  }
   if (revents & POLLOUT) pump(c);
   if (revents & POLLIN)
     read_some(c);
@@ -198,7 +208,7 @@ void Server::drop(Conn& c, const std::string& why) {
 
 void Server::read_some(Conn& c) {
   size_t budget = kReadBudgetPerWake;
-  while (!c.dead && !c.parked && !c.pending_out() && budget > 0) {
+  while (!c.dead && !c.parked && !c.pending_out() && !c.tls_handshaking && budget > 0) {
     // A stranger is read no further than the largest hello.
     size_t want = read_buf_.size();
     if (!c.greeted) {
@@ -206,7 +216,7 @@ void Server::read_some(Conn& c) {
       if (held >= kMaxHelloBytes) return drop(c, "sent more than a hello before its hello was answered");
       want = std::min(want, kMaxHelloBytes - held);
     }
-    ssize_t n = ::recv(c.fd.get(), read_buf_.data(), want, MSG_DONTWAIT);
+    ssize_t n = tls::recv_some(c.tls.get(), c.fd.get(), read_buf_.data(), want);
     if (n > 0) {
       c.in.append(read_buf_.data(), static_cast<size_t>(n));
       budget -= std::min(budget, static_cast<size_t>(n));
@@ -222,7 +232,7 @@ void Server::read_some(Conn& c) {
 
 void Server::flush(Conn& c) {
   while (c.pending_out()) {
-    ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_done, c.out.size() - c.out_done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = tls::send_some(c.tls.get(), c.fd.get(), c.out.data() + c.out_done, c.out.size() - c.out_done);
     if (n > 0) {
       c.out_done += static_cast<size_t>(n);
       continue;
@@ -233,6 +243,7 @@ void Server::flush(Conn& c) {
   }
   c.out.clear();
   c.out_done = 0;
+  if (c.tls_next) start_tls(c);
 }
 
 void Server::reply(Conn& c, Reply r, std::string_view payload) { c.out += encode_response(r, payload); }
@@ -244,7 +255,7 @@ void Server::pump(Conn& c) {
   for (;;) {
     if (c.dead) return;
     flush(c);
-    if (c.dead || c.pending_out() || c.parked) break;
+    if (c.dead || c.pending_out() || c.parked || c.tls_handshaking) break;
     size_t avail = c.in.size() - c.in_done;
     const char* p = c.in.data() + c.in_done;
     if (avail >= 4 && get_u32(p) != kMagic) {
@@ -273,7 +284,7 @@ void Server::pump(Conn& c) {
 }
 
 void Server::handle_request(Conn& c, Op op, const std::string& key, const std::string& value) {
-  if (op == Op::kHello) return hello(c, key, get_u32(value.data()));
+  if (op == Op::kHello) return hello(c, key, get_u32(value.data()), value.size() == 8 ? get_u32(value.data() + 4) : 0);
   if (op == Op::kProof) return proof(c, value);
   if (!c.greeted) return drop(c, "sent a request before the hello");
   c.asked = true;

@@ -11,6 +11,8 @@
 // one goes when there are too many, is tcp_store_admission.cc's to say.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "store/tcp_store_wire.h"
+#include "tls/tls.h"
 
 namespace comm::tcp_store {
 
@@ -41,8 +44,14 @@ struct Conn {
   bool parked = false;           // a get waits for parked_key
   std::string parked_key;
   bool dead = false;
+  bool tls_next = false;  // COMM_TLS: greeted; the TLS handshake starts once the kOk is out
+  bool tls_handshaking = false;
+  short tls_events = POLLIN;  // what the handshake waits for
+  std::unique_ptr<tls::Session> tls;  // after the handshake, every frame through it (tcp_store_tls.cc)
 
   bool pending_out() const { return out_done < out.size(); }
+  // Read already by TLS, so poll() would not report it: the server must look without waiting.
+  bool tls_buffered() const { return tls && !tls_handshaking && !parked && !pending_out() && tls->pending(); }
   bool stranger() const { return !dead && !greeted; }
   // A stranger that has sent nothing yet: a rank's hello follows its connect at once, so a
   // silent connection is the first to go when strangers are too many (tcp_store_admission.cc).
@@ -92,10 +101,14 @@ class Server final : public Store {
   size_t strangers() const;
   Clock::time_point first_hello_deadline() const;
   void drop_late_strangers();
-  void hello(Conn& c, const std::string& nonce, uint32_t version);
+  void hello(Conn& c, const std::string& nonce, uint32_t version, uint32_t flags);
   void proof(Conn& c, const std::string& presented);
   void refuse(Conn& c, const std::string& why);
   void warn_limited(const std::string& what);  // a burst's drops: one WARN, then a count
+
+  // ---- COMM_TLS (tcp_store_tls.cc) ----
+  void start_tls(Conn& c);
+  void tls_step(Conn& c);
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -106,6 +119,7 @@ class Server final : public Store {
   const int port_;
   const std::string where_;
   const std::string token_;
+  const std::shared_ptr<tls::Context> tls_;  // COMM_TLS; null: plaintext
   const std::string host_;  // the host it was told to listen on (MASTER_ADDR), "" for any
   const std::chrono::milliseconds hello_timeout_;
   const size_t max_strangers_;  // tcp_store_admission.cc: scales with the world size

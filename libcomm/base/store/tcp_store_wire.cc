@@ -72,7 +72,9 @@ std::string check_request_header(const char* p, RequestHeader* out) {
            std::to_string(kMaxValueBytes);
   switch (out->op) {
     case Op::kHello:
-      if (out->value_len != 4) return "hello carries " + std::to_string(out->value_len) + " version bytes, not 4";
+      // The version, then (COMM_TLS) the client's flags: 4 or 8 bytes.
+      if (out->value_len != 4 && out->value_len != 8)
+        return "hello carries " + std::to_string(out->value_len) + " version bytes, not 4 or 8";
       // The nonce's length is checked after the version (tcp_store_server.cc): protocol 1 sent
       // its token here, and its clients are told their version is wrong.
       break;
@@ -126,10 +128,16 @@ Io wait_for(int fd, short events, Deadline deadline, int* err) {
 
 }  // namespace
 
-Io send_all(int fd, std::string_view data, Deadline deadline, int* err) {
+Io send_all(int fd, std::string_view data, Deadline deadline, int* err) { return send_all(fd, nullptr, data, deadline, err); }
+
+Io recv_exact(int fd, char* buf, size_t n, Deadline deadline, int* err) {
+  return recv_exact(fd, nullptr, buf, n, deadline, err);
+}
+
+Io send_all(int fd, tls::Session* tls, std::string_view data, Deadline deadline, int* err) {
   size_t done = 0;
   while (done < data.size()) {
-    ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = tls::send_some(tls, fd, data.data() + done, data.size() - done);
     if (n > 0) {
       done += static_cast<size_t>(n);
       continue;
@@ -146,10 +154,10 @@ Io send_all(int fd, std::string_view data, Deadline deadline, int* err) {
   return Io::kOk;
 }
 
-Io recv_exact(int fd, char* buf, size_t n, Deadline deadline, int* err) {
+Io recv_exact(int fd, tls::Session* tls, char* buf, size_t n, Deadline deadline, int* err) {
   size_t done = 0;
   while (done < n) {
-    ssize_t got = ::recv(fd, buf + done, n - done, MSG_DONTWAIT);
+    ssize_t got = tls::recv_some(tls, fd, buf + done, n - done);
     if (got > 0) {
       done += static_cast<size_t>(got);
       continue;
@@ -157,6 +165,7 @@ Io recv_exact(int fd, char* buf, size_t n, Deadline deadline, int* err) {
     if (got == 0) return Io::kClosed;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (tls != nullptr && tls->pending()) continue;
       Io w = wait_for(fd, POLLIN, deadline, err);
       if (w != Io::kOk) return w;
       continue;

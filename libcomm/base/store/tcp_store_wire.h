@@ -35,6 +35,7 @@
 #include "posix/net_util.h"
 #include "status.h"
 #include "store/store.h"
+#include "tls/tls.h"
 
 namespace comm::tcp_store {
 
@@ -54,10 +55,13 @@ enum class Reply : uint8_t {
   kError = 3,
   kChallenge = 4,
   kBusy = 5,
+  kTlsMismatch = 6,  // COMM_TLS differs between the client and the server (payload "0" or "1": the server's)
 };
 
 // How every kBusy payload starts, so a client can tell "closed for room, retry" in its log.
 inline constexpr std::string_view kBusyPrefix = "rank 0's store closed the connection";
+// The hello's flags (the u32 after the version; a hello of 4 bytes has none).
+inline constexpr uint32_t kHelloTls = 1;  // COMM_TLS=1: after kOk, a TLS handshake, then every frame as TLS records
 
 // Binds the store's proofs to this protocol (proof_of_secret's context).
 inline constexpr std::string_view kProofContext = "libcomm store";
@@ -90,6 +94,17 @@ std::string host_port_string(const std::string& host, int port);
 enum class Io { kOk, kTimeout, kClosed, kError };
 Io send_all(int fd, std::string_view data, Deadline deadline, int* err);
 Io recv_exact(int fd, char* buf, size_t n, Deadline deadline, int* err);
+// The same through a TLS session on fd (COMM_TLS; tls/tls.h); tls null: plaintext.
+Io send_all(int fd, tls::Session* tls, std::string_view data, Deadline deadline, int* err);
+Io recv_exact(int fd, tls::Session* tls, char* buf, size_t n, Deadline deadline, int* err);
+
+// A client's connection: the socket, and its TLS session under COMM_TLS.
+struct Channel {
+  posix::Fd fd;
+  std::unique_ptr<tls::Session> tls;  // destroyed before fd closes
+  int get() const { return fd.get(); }
+  bool valid() const { return fd.valid(); }
+};
 
 // The server half (tcp_store_server.cc) and the client half (tcp_store.cc).
 Status start_server(const TcpStoreOptions& options, std::shared_ptr<Store>* out);

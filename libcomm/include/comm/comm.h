@@ -77,11 +77,13 @@ typedef struct {
   int world_size;          /* COMM_UNSET: from the launcher's environment */
   int timeout_ms;          /* COMM_UNSET: COMM_TIMEOUT_MS, default 600000 */
   const char* transport;   /* NULL: COMM_TRANSPORT, default "auto" */
+  int tls;                 /* COMM_UNSET: COMM_TLS, default 0; 1: the store's and the socket transport's
+                              connections run TLS 1.3 (every rank alike) */
   /* ...added fields go last */
 } comm_config_t;
 
 #define COMM_CONFIG_INIT \
-  { sizeof(comm_config_t), COMM_CONFIG_VERSION, NULL, COMM_UNSET, COMM_UNSET, COMM_UNSET, NULL }
+  { sizeof(comm_config_t), COMM_CONFIG_VERSION, NULL, COMM_UNSET, COMM_UNSET, COMM_UNSET, NULL, COMM_UNSET }
 
 /* ---- status and errors ---- */
 COMM_API const char* comm_status_string(comm_status_t s);

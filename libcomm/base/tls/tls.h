@@ -1,0 +1,128 @@
+// TLS 1.3 over an already connected, non-blocking TCP socket, through OpenSSL's libssl
+// (COMM_TLS, docs/design.md "Encryption in transit"). One wrapper for the two users: the TCP
+// store and the socket transport. Both run their own libcomm handshake first (proof of the
+// secret, world size, ...), then a TLS handshake on the same descriptor, then every byte as TLS
+// records.
+//
+// Authentication is mutual either way:
+// - a pre-shared key (TLS 1.3 external PSK, no certificates): both ends derive it from a secret
+//   they already share (psk_from_secret) -- COMM_AUTH_TOKEN for the store, the job secret for
+//   the socket transport; a peer with another key fails the handshake;
+// - certificates (COMM_TLS_CERT, COMM_TLS_KEY, COMM_TLS_CA): each end presents its certificate
+//   and checks the peer's against the CA; a peer without one, or with one the CA did not sign,
+//   is refused.
+//
+// Kernel TLS: the context asks for it (SSL_OP_ENABLE_KTLS); where the kernel has the "tls"
+// module OpenSSL hands the record keys to it after the handshake and the socket's sends are
+// encrypted by the kernel. Elsewhere records are sealed and opened in user space, by OpenSSL.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <memory>
+#include <string>
+
+#include "status.h"
+
+typedef struct ssl_ctx_st SSL_CTX;
+typedef struct ssl_st SSL;
+
+namespace comm::tls {
+
+struct Config {
+  // PSK mode: the key (psk_from_secret). Empty: certificate mode (the three paths below).
+  std::string psk;
+  std::string cert_path;  // COMM_TLS_CERT: this end's certificate chain (PEM)
+  std::string key_path;   // COMM_TLS_KEY: its private key (PEM)
+  std::string ca_path;    // COMM_TLS_CA: what signs every peer's certificate (PEM file)
+};
+
+// The PSK of a protocol: HMAC-SHA256(secret, "libcomm tls psk" | 0 | context). The context
+// ("store", "socket") makes the store's key and the data path's key different.
+std::string psk_from_secret(const std::string& secret, const std::string& context);
+
+// COMM_TLS (0 or 1).
+Status enabled_from_env(bool* enabled);
+// What COMM_TLS_CERT, COMM_TLS_KEY and COMM_TLS_CA ask for, for `secret`'s protocol: certificates
+// when any is set (then all three must be), else a PSK from `secret`, which must then not be
+// empty (`what_secret` names it in the message).
+Status config_from_env(const std::string& secret, const std::string& context, const std::string& what_secret,
+                       Config* out);
+
+class Context;
+// config_from_env and Context::create when enabled; *out null when not.
+Status context_from_env(bool enabled, const std::string& secret, const std::string& context,
+                        const std::string& what_secret, std::shared_ptr<Context>* out);
+
+class Context {
+ public:
+  static Status create(const Config& config, std::shared_ptr<Context>* out);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  SSL_CTX* get() const { return ctx_; }
+  bool uses_psk() const { return !psk_.empty(); }
+  const std::string& psk() const { return psk_; }
+
+ private:
+  Context() = default;
+  SSL_CTX* ctx_ = nullptr;
+  std::string psk_;
+};
+
+enum class Role { kClient, kServer };
+enum class Step { kDone, kWantRead, kWantWrite, kFailed };
+
+class Session {
+ public:
+  // fd stays owned by the caller and must outlive the session.
+  static Status create(std::shared_ptr<Context> ctx, int fd, Role role, std::unique_ptr<Session>* out);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // One non-blocking step of the handshake. kFailed: why() says what (the peer's alert, a bad
+  // certificate, "the peer closed the connection").
+  Step handshake();
+  // The handshake to its end, polling the descriptor until `deadline_ms` (a CLOCK_MONOTONIC
+  // time in ms, clock_ms()) -- for the blocking store client.
+  Status handshake_until(int64_t deadline_ms);
+  static int64_t clock_ms();
+
+  // recv(2)/send(2) semantics, so a caller's byte loop stays as it was: > 0 bytes; 0 the peer
+  // closed; -1 with errno EAGAIN (call again with the same arguments when the socket is ready),
+  // or another errno (ECONNRESET, EPIPE, EPROTO for a TLS error: why() says which).
+  ssize_t read(void* buf, size_t n);
+  ssize_t write(const void* buf, size_t n);
+  // The iovecs in order, each as records; stops at the first that would block (after > 0 bytes,
+  // the count so far). A retry after EAGAIN must start at the same byte, as with write().
+  ssize_t writev(const iovec* iov, int n);
+  // Bytes already read from the socket and held here: poll() would not report them.
+  bool pending() const;
+  // Whether the kernel seals (send) / opens (receive) this session's records.
+  bool kernel_send() const;
+  bool kernel_recv() const;
+  const std::string& why() const { return why_; }
+  // "TLSv1.3 TLS_AES_128_GCM_SHA256, PSK, kernel send" -- for log lines.
+  std::string describe() const;
+
+ private:
+  Session() = default;
+  ssize_t fail(int ret, const char* what);
+  std::shared_ptr<Context> ctx_;
+  SSL* ssl_ = nullptr;
+  std::string why_;
+};
+
+// recv(2)/send(2) on fd, or the session's read/write when tls is not null: one line at a call site.
+ssize_t recv_some(Session* tls, int fd, void* buf, size_t n);
+ssize_t send_some(Session* tls, int fd, const void* buf, size_t n);
+
+// Whether this kernel offers kernel TLS (the "tls" upper-layer protocol): /proc/net/tls_stat,
+// else a probe (setsockopt TCP_ULP "tls" on a loopback connection, which loads the module where
+// it is allowed). *why says what was found.
+bool kernel_tls_available(std::string* why);
+
+}  // namespace comm::tls
