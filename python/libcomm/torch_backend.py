@@ -118,8 +118,12 @@ def _timeout_ms(timeout):
     return min(ms, _INT_MAX)
 
 
-def create_process_group(store, rank, world_size, timeout):
-    """torch.distributed's creator for backend "libcomm": (store, rank, size, timeout)."""
+def create_process_group(store, rank, world_size, timeout, profiling_name=BACKEND):
+    """torch.distributed's creator for backend "libcomm": (store, rank, size, timeout).
+
+    profiling_name: the prefix of the group's profiler events ("libcomm:all_reduce"); a caller that
+    has torch record the group under another backend name passes that name, since torch's tools
+    look events up by dist.get_backend() (tests/python/torch_suite.py does, for "gloo")."""
     timeout_ms = _timeout_ms(timeout)
     if rank == 0:
         host = _advertised_host(store)
@@ -129,7 +133,7 @@ def create_process_group(store, rank, world_size, timeout):
         store.set(_STORE_KEY, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     address = store.get(_STORE_KEY).decode()
     transport = os.environ.get("LIBCOMM_PG_TRANSPORT", "")
-    return ProcessGroupLibcomm(rank, world_size, "tcp://" + address, timeout_ms, transport)
+    return ProcessGroupLibcomm(rank, world_size, "tcp://" + address, timeout_ms, transport, profiling_name)
 
 
 def _launcher_env():

@@ -23,9 +23,9 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 5 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+#define COMM_ABI_VERSION_MINOR 6 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
                                     comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2;
-                                    4: comm_shrink; 5: comm_engine_test */
+                                    4: comm_shrink; 5: comm_engine_test; 6: comm_barrier_monitored */
 
 typedef enum {
   COMM_OK = 0,
@@ -155,6 +155,16 @@ COMM_API comm_status_t comm_alltoall(comm_t comm, const void* sendbuf, void* rec
                                      size_t count /* per peer */, comm_dtype_t dtype,
                                      comm_stream_t stream);
 COMM_API comm_status_t comm_barrier(comm_t comm, comm_stream_t stream);
+/* A barrier with its own deadline that names the ranks that did not arrive (gloo's monitoredBarrier,
+ * torch's monitored_barrier). Rank 0 waits up to timeout_ms for every other rank, then releases them.
+ * On rank 0 a rank missing at the deadline ends the call with COMM_ERR_TIMEOUT; the missing ranks,
+ * ascending, go to missing[0..max_missing) and their number to *n_missing (0 on success; missing may
+ * be NULL when max_missing is 0); the message names the first one, or all of them when wait_all.
+ * The other ranks end with COMM_ERR_TIMEOUT when rank 0 has not released them within timeout_ms of
+ * their own call. On any failure the communicator is aborted (receives posted to absent ranks would
+ * match later calls otherwise): give it a communicator of its own (comm_dup). Since ABI 1.6. */
+COMM_API comm_status_t comm_barrier_monitored(comm_t comm, int timeout_ms, int wait_all, int* missing,
+                                              int max_missing, int* n_missing);
 COMM_API comm_status_t comm_send(comm_t comm, const void* buf, size_t count, comm_dtype_t dtype,
                                  int peer, comm_stream_t stream);
 COMM_API comm_status_t comm_recv(comm_t comm, void* buf, size_t count, comm_dtype_t dtype, int peer,

@@ -15,84 +15,42 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include "sparse_allreduce.h"
+#include "tensors.h"
 #include "work_queue.h"
 
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 namespace libcomm_torch {
 
-comm_dtype_t to_comm_dtype(const at::Tensor& t, const char* what) {
-  TORCH_CHECK(t.defined(), "libcomm ", what, ": undefined tensor");
-  TORCH_CHECK(!t.is_cuda(),
-              "libcomm ", what, ": CUDA tensors are not supported by this build (torch 1.13 from Debian "
-              "is CPU-only, so the extension has no CUDA stream to hand to comm.h); see docs/torch-backend.md");
-  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided,
-              "libcomm ", what, ": only dense CPU tensors are supported, got ", t.device(), " ", t.layout());
-  switch (t.scalar_type()) {
-    case at::kFloat: return COMM_FLOAT32;
-    case at::kDouble: return COMM_FLOAT64;
-    case at::kHalf: return COMM_FLOAT16;
-    case at::kBFloat16: return COMM_BFLOAT16;
-    case at::kChar: return COMM_INT8;
-    case at::kByte: return COMM_UINT8;
-    case at::kInt: return COMM_INT32;
-    case at::kLong: return COMM_INT64;
-    default:
-      TORCH_CHECK(false, "libcomm ", what, ": dtype ", t.scalar_type(),
-                  " is not supported (libcomm has float32/64, float16, bfloat16, int8, uint8, int32, int64)");
-  }
-}
-
-comm_op_t to_comm_op(const c10d::ReduceOp& op, const char* what) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM: return COMM_SUM;
-    case c10d::ReduceOp::PRODUCT: return COMM_PROD;
-    case c10d::ReduceOp::MIN: return COMM_MIN;
-    case c10d::ReduceOp::MAX: return COMM_MAX;
-    case c10d::ReduceOp::AVG: return COMM_AVG;
-    default:
-      TORCH_CHECK(false, "libcomm ", what, ": reduce op ", static_cast<int>(op.op_),
-                  " (BAND, BOR, BXOR or PREMUL_SUM) is not supported; libcomm has SUM, PRODUCT, MIN, MAX, AVG");
-  }
-}
-
-// A tensor as libcomm sees it: its contiguous storage, copied back at the end when the caller's
-// tensor was not contiguous (what gloo does).
-struct Buf {
-  at::Tensor user, dense;
-  comm_dtype_t dtype;
-  Buf(const at::Tensor& t, const char* what) : user(t), dense(t.contiguous()), dtype(to_comm_dtype(t, what)) {}
-  void* ptr() const { return dense.data_ptr(); }
-  size_t count() const { return static_cast<size_t>(dense.numel()); }
-  void copy_back() {
-    if (!dense.is_same(user)) user.copy_(dense);
-  }
-};
-
-at::Tensor single(const std::vector<at::Tensor>& tensors, const char* what) {
-  TORCH_CHECK(tensors.size() == 1, "libcomm ", what, ": expects one tensor per rank, got ", tensors.size());
-  return tensors[0];
-}
-
 class ProcessGroupLibcomm : public c10d::ProcessGroup {
  public:
   ProcessGroupLibcomm(int rank, int size, const std::string& init_method, int timeout_ms,
-                      const std::string& transport)
-      : ProcessGroup(rank, size) {
+                      const std::string& transport, const std::string& profiling_name)
+      : ProcessGroup(rank, size), profiling_name_(profiling_name) {
     comm_config_t cfg = COMM_CONFIG_INIT;
     cfg.init_method = init_method.c_str();
     cfg.rank = rank;
     cfg.world_size = size;
     cfg.timeout_ms = timeout_ms;
+    timeout_ms_ = timeout_ms;
     cfg.transport = transport.empty() ? nullptr : transport.c_str();
     check(comm_init(&cfg, &comm_), "comm_init");
+    // p2p_: sends and receives; barrier_: monitoredBarrier, which aborts its communicator when a
+    // rank is missing (comm.h), so that the group's other calls go on.
     comm_status_t s = comm_dup(comm_, &p2p_);
+    if (s == COMM_OK) {
+      s = comm_dup(comm_, &barrier_);
+      if (s != COMM_OK) comm_destroy(p2p_);
+    }
     if (s != COMM_OK) {
       std::string detail = comm_last_error(nullptr);
       comm_abort(comm_);
@@ -107,6 +65,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
   ~ProcessGroupLibcomm() override {
     exec_->stop();
     worker_.join();
+    comm_destroy(barrier_);
     comm_destroy(p2p_);
     comm_destroy(comm_);
   }
@@ -116,15 +75,33 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
 
   // Makes every pending and future call fail on this rank at once (comm_abort, any thread).
   void abort() {
+    comm_abort(barrier_);
     comm_abort(p2p_);
     comm_abort(comm_);
   }
 
+  // gloo's: the group's collectives counted from 0 (torch sets it after init_process_group).
+  void setSequenceNumberForGroup() override { seq_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+
+  // comm_barrier_monitored on its own communicator, worded as gloo's (torch's tests match it).
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
+    auto timeout = opts.timeout == c10d::kUnsetTimeout ? std::chrono::milliseconds(options_timeout_ms()) : opts.timeout;
+    int timeout_ms = static_cast<int>(std::min<int64_t>(timeout.count(), INT32_MAX));
+    std::vector<int> missing(static_cast<size_t>(getSize()));
+    int n_missing = 0;
+    comm_status_t s = comm_barrier_monitored(barrier_, timeout_ms, wait_all_ranks ? 1 : 0, missing.data(),
+                                             getSize(), &n_missing);
+    if (s != COMM_OK) throw std::runtime_error(std::string("[Rank ") + std::to_string(getRank()) + "]: " +
+                                               comm_last_error(nullptr));
+  }
+
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return sparse_allreduce(tensors, opts);
     Buf b(single(tensors, "allreduce"), "allreduce");
     comm_op_t op = to_comm_op(opts.reduceOp, "allreduce");
-    return enqueue(OpType::ALLREDUCE, tensors, [this, b, op]() mutable {
+    return enqueue(OpType::ALLREDUCE, "all_reduce", tensors, tensors, [this, b, op]() mutable {
       check(comm_allreduce(comm_, b.ptr(), b.ptr(), b.count(), b.dtype, op, nullptr), "allreduce");
       b.copy_back();
     });
@@ -140,7 +117,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
       TORCH_CHECK(to_comm_dtype(t, "allreduce_coalesced") == dtype && t.scalar_type() == tensors[0].scalar_type(),
                   "libcomm allreduce_coalesced: all tensors must have the same dtype");
     }
-    return enqueue(OpType::ALLREDUCE_COALESCED, tensors, [this, tensors, op, dtype]() {
+    return enqueue(OpType::ALLREDUCE_COALESCED, "all_reduce", tensors, tensors, [this, tensors, op, dtype]() {
       std::vector<at::Tensor> flat_views;
       for (const auto& t : tensors) flat_views.push_back(t.reshape({-1}));
       at::Tensor flat = at::cat(flat_views);
@@ -158,7 +135,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
                                            const c10d::BroadcastOptions& opts) override {
     Buf b(single(tensors, "broadcast"), "broadcast");
     int root = check_root(opts.rootRank, "broadcast");
-    return enqueue(OpType::BROADCAST, tensors, [this, b, root]() mutable {
+    return enqueue(OpType::BROADCAST, "broadcast", tensors, tensors, [this, b, root]() mutable {
       check(comm_broadcast(comm_, b.ptr(), b.ptr(), b.count(), b.dtype, root, nullptr), "broadcast");
       b.copy_back();
     });
@@ -169,7 +146,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
     Buf b(single(tensors, "reduce"), "reduce");
     comm_op_t op = to_comm_op(opts.reduceOp, "reduce");
     int root = check_root(opts.rootRank, "reduce");
-    return enqueue(OpType::REDUCE, tensors, [this, b, op, root]() mutable {
+    return enqueue(OpType::REDUCE, "reduce", tensors, tensors, [this, b, op, root]() mutable {
       bool is_root = getRank() == root;  // comm.h ignores a non-root's recvbuf
       check(comm_reduce(comm_, b.ptr(), is_root ? b.ptr() : nullptr, b.count(), b.dtype, op, root, nullptr), "reduce");
       if (is_root) b.copy_back();
@@ -182,11 +159,57 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
     Buf in(single(inputs, "allgather"), "allgather");
     check_list(outputs[0], in.user, "allgather");
     std::vector<at::Tensor> outs = outputs[0];
-    return enqueue(OpType::ALLGATHER, outs, [this, in, outs]() {
+    return enqueue(OpType::ALLGATHER, "all_gather", inputs, outs, [this, in, outs]() {
       at::Tensor flat = at::empty({getSize() * in.dense.numel()}, in.dense.options());
       check(comm_allgather(comm_, in.ptr(), flat.data_ptr(), in.count(), in.dtype, nullptr), "allgather");
       for (int r = 0; r < getSize(); ++r)
         outs[r].copy_(flat.narrow(0, r * in.dense.numel(), in.dense.numel()).view(outs[r].sizes()));
+    });
+  }
+
+  // gloo's: every input flattened into one all-gather; output_lists[r][i] gets rank r's input i.
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& output_lists,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions&) override {
+    TORCH_CHECK(!inputs.empty(), "libcomm allgather_coalesced: no input tensors");
+    TORCH_CHECK(static_cast<int>(output_lists.size()) == getSize(), "libcomm allgather_coalesced: expects ",
+                getSize(), " output lists (one per rank), got ", output_lists.size());
+    comm_dtype_t dtype = to_comm_dtype(inputs[0], "allgather_coalesced");
+    int64_t total = 0;
+    for (const auto& t : inputs) {
+      to_comm_dtype(t, "allgather_coalesced");
+      TORCH_CHECK(t.scalar_type() == inputs[0].scalar_type(), "libcomm allgather_coalesced: all tensors must have "
+                  "the same dtype, got ", inputs[0].scalar_type(), " and ", t.scalar_type());
+      total += t.numel();
+    }
+    std::vector<at::Tensor> flat_outputs;
+    for (const auto& list : output_lists) {
+      TORCH_CHECK(list.size() == inputs.size(), "libcomm allgather_coalesced: every output list must have ",
+                  inputs.size(), " tensors (one per input), got ", list.size());
+      for (size_t i = 0; i < list.size(); ++i) {
+        to_comm_dtype(list[i], "allgather_coalesced");
+        TORCH_CHECK(list[i].scalar_type() == inputs[i].scalar_type() && list[i].numel() == inputs[i].numel(),
+                    "libcomm allgather_coalesced: output ", i, " must match input ", i, " in dtype and size (",
+                    inputs[i].scalar_type(), ", ", inputs[i].numel(), "), got ", list[i].scalar_type(), ", ",
+                    list[i].numel());
+        flat_outputs.push_back(list[i]);
+      }
+    }
+    std::vector<std::vector<at::Tensor>> lists = output_lists;
+    return enqueue(OpType::ALLGATHER_COALESCED, "all_gather", inputs, flat_outputs,
+                   [this, inputs, lists, dtype, total]() {
+      std::vector<at::Tensor> flat_views;
+      for (const auto& t : inputs) flat_views.push_back(t.reshape({-1}));
+      at::Tensor flat_in = at::cat(flat_views);
+      at::Tensor flat_out = at::empty({getSize() * total}, flat_in.options());
+      check(comm_allgather(comm_, flat_in.data_ptr(), flat_out.data_ptr(), static_cast<size_t>(total), dtype, nullptr),
+            "allgather_coalesced");
+      int64_t offset = 0;
+      for (const auto& list : lists)
+        for (const auto& t : list) {
+          t.copy_(flat_out.narrow(0, offset, t.numel()).view(t.sizes()));
+          offset += t.numel();
+        }
     });
   }
 
@@ -198,7 +221,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
                 out.user.scalar_type(), " differs from input dtype ", in.user.scalar_type());
     TORCH_CHECK(out.user.numel() == getSize() * in.user.numel(), "libcomm _allgather_base: output has ",
                 out.user.numel(), " elements, expected world size x input = ", getSize() * in.user.numel());
-    return enqueue(OpType::_ALLGATHER_BASE, {output}, [this, in, out]() mutable {
+    return enqueue(OpType::_ALLGATHER_BASE, "all_gather", {input}, {output}, [this, in, out]() mutable {
       check(comm_allgather(comm_, in.ptr(), out.ptr(), in.count(), in.dtype, nullptr), "_allgather_base");
       out.copy_back();
     });
@@ -212,7 +235,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
     check_list(inputs[0], out.user, "reduce_scatter");
     comm_op_t op = to_comm_op(opts.reduceOp, "reduce_scatter");
     std::vector<at::Tensor> ins = inputs[0];
-    return enqueue(OpType::REDUCE_SCATTER, outputs, [this, out, ins, op]() mutable {
+    return enqueue(OpType::REDUCE_SCATTER, "reduce_scatter", inputs[0], outputs, [this, out, ins, op]() mutable {
       std::vector<at::Tensor> flat_views;
       for (const auto& t : ins) flat_views.push_back(t.reshape({-1}));
       at::Tensor flat = at::cat(flat_views);
@@ -230,7 +253,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
     TORCH_CHECK(in.user.numel() == getSize() * out.user.numel(), "libcomm _reduce_scatter_base: input has ",
                 in.user.numel(), " elements, expected world size x output = ", getSize() * out.user.numel());
     comm_op_t op = to_comm_op(opts.reduceOp, "_reduce_scatter_base");
-    return enqueue(OpType::_REDUCE_SCATTER_BASE, {output}, [this, in, out, op]() mutable {
+    return enqueue(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter", {input}, {output}, [this, in, out, op]() mutable {
       check(comm_reduce_scatter(comm_, in.ptr(), out.ptr(), out.count(), out.dtype, op, nullptr),
             "_reduce_scatter_base");
       out.copy_back();
@@ -250,14 +273,14 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
       TORCH_CHECK(in.user.numel() == out.user.numel() && in.user.numel() % n == 0,
                   "libcomm alltoall_base: input and output must have the same number of elements, divisible by "
                   "the world size ", n, "; got ", in.user.numel(), " and ", out.user.numel());
-      return enqueue(OpType::ALLTOALL_BASE, {output}, [this, in, out, n]() mutable {
+      return enqueue(OpType::ALLTOALL_BASE, "all_to_all", {input}, {output}, [this, in, out, n]() mutable {
         check(comm_alltoall(comm_, in.ptr(), out.ptr(), in.count() / n, in.dtype, nullptr), "alltoall_base");
         out.copy_back();
       });
     }
     std::vector<size_t> in_counts = split_counts(in.user, in_splits, "input"),
                         out_counts = split_counts(out.user, out_splits, "output");
-    return enqueue(OpType::ALLTOALL_BASE, {output}, [this, in, out, in_counts, out_counts]() mutable {
+    return enqueue(OpType::ALLTOALL_BASE, "all_to_all", {input}, {output}, [this, in, out, in_counts, out_counts]() mutable {
       std::vector<void*> send, recv;
       size_t elem = in.dense.element_size(), so = 0, ro = 0;
       for (int p = 0; p < getSize(); ++p) {
@@ -283,7 +306,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
       outs.emplace_back(outputs[p], "alltoall");
       TORCH_CHECK(ins[p].dtype == ins[0].dtype && outs[p].dtype == ins[0].dtype, "libcomm alltoall: dtypes differ");
     }
-    return enqueue(OpType::ALLTOALL, outputs, [this, ins, outs]() mutable {
+    return enqueue(OpType::ALLTOALL, "all_to_all", inputs, outputs, [this, ins, outs]() mutable {
       std::vector<void*> send, recv;
       std::vector<size_t> sc, rc;
       for (size_t p = 0; p < ins.size(); ++p) {
@@ -312,7 +335,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
       TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                   "libcomm gather: only the root (", root, ") passes output tensors");
     }
-    return enqueue(OpType::GATHER, outs, [this, in, outs, root]() {
+    return enqueue(OpType::GATHER, "gather", inputs, outs, [this, in, outs, root]() {
       if (getRank() != root) {
         check(comm_send(comm_, in.ptr(), in.count(), in.dtype, root, nullptr), "gather (send to root)");
         return;
@@ -343,7 +366,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
       TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                   "libcomm scatter: only the root (", root, ") passes input tensors");
     }
-    return enqueue(OpType::SCATTER, outputs, [this, out, ins, root]() mutable {
+    return enqueue(OpType::SCATTER, "scatter", {}, outputs, [this, out, ins, root]() mutable {
       if (getRank() != root) {
         check(comm_recv(comm_, out.ptr(), out.count(), out.dtype, root, nullptr), "scatter (receive from root)");
       } else {
@@ -358,7 +381,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
-    return enqueue(OpType::BARRIER, {}, [this]() { check(comm_barrier(comm_, nullptr), "barrier"); });
+    return enqueue(OpType::BARRIER, "barrier", {}, {}, [this]() { check(comm_barrier(comm_, nullptr), "barrier"); });
   }
 
   // comm.h's send/recv have no tag: messages between two ranks match in the order they were
@@ -366,7 +389,7 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int /*tag*/) override {
     Buf b(single(tensors, "send"), "send");
     check_peer(dst, "send");
-    return enqueue_p2p(OpType::SEND, tensors, -1, [this, b, dst](comm_request_t* req) {
+    return enqueue_p2p(OpType::SEND, "send", tensors, -1, [this, b, dst](comm_request_t* req) {
       check(comm_isend(p2p_, b.ptr(), b.count(), b.dtype, dst, req), "send");
       return std::function<void()>([b] { (void)b; });  // keeps the (contiguous) buffer alive
     });
@@ -375,9 +398,22 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int /*tag*/) override {
     Buf b(single(tensors, "recv"), "recv");
     check_peer(src, "recv");
-    return enqueue_p2p(OpType::RECV, tensors, src, [this, b, src](comm_request_t* req) {
+    return enqueue_p2p(OpType::RECV, "recv", tensors, src, [this, b, src](comm_request_t* req) {
       check(comm_irecv(p2p_, b.ptr(), b.count(), b.dtype, src, req), "recv");
       return std::function<void()>([b]() mutable { b.copy_back(); });
+    });
+  }
+
+  // Sum only, as gloo's. The caller's tensor is overwritten with the coalesced result.
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+    TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "libcomm allreduce: sparse tensors are summed only "
+                "(ReduceOp.SUM), as gloo does");
+    TORCH_CHECK(tensors[0].device().is_cpu(), "libcomm allreduce: sparse tensors must be on the CPU");
+    at::Tensor t = tensors[0];
+    comm_dtype_t dtype = to_comm_dtype(t._values(), "allreduce (sparse values)");
+    return enqueue(OpType::ALLREDUCE, "sparse_all_reduce", tensors, tensors, [this, t, dtype]() mutable {
+      at::Tensor sum = sparse_allreduce_sum(comm_, getSize(), t, dtype);
+      t.copy_(sum);
     });
   }
 
@@ -453,20 +489,36 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
     if (send_counts[me] > 0) std::memcpy(recv[me], send[me], send_counts[me] * elem);
   }
 
-  c10::intrusive_ptr<c10d::Work> enqueue(OpType type, std::vector<at::Tensor> outputs, std::function<void()> run) {
-    auto work = c10::make_intrusive<LibcommWork>(exec_, getRank(), type, std::move(outputs));
+  // op: the profiler's name for it, gloo's ("all_reduce"); the event is "<profiling name>:<op>".
+  c10::intrusive_ptr<c10d::Work> enqueue(OpType type, const char* op, const std::vector<at::Tensor>& inputs,
+                                         std::vector<at::Tensor> outputs, std::function<void()> run) {
+    ++seq_;
+    auto work = c10::make_intrusive<LibcommWork>(exec_, getRank(), type, title(op), inputs, std::move(outputs));
     exec_->push(Executor::Job{work, std::move(run), nullptr});
     return work;
   }
-  c10::intrusive_ptr<c10d::Work> enqueue_p2p(OpType type, std::vector<at::Tensor> outputs, int source,
+  c10::intrusive_ptr<c10d::Work> enqueue_p2p(OpType type, const char* op, std::vector<at::Tensor> outputs, int source,
                                              std::function<std::function<void()>(comm_request_t*)> start) {
-    auto work = c10::make_intrusive<LibcommWork>(exec_, getRank(), type, std::move(outputs), source);
+    auto work = c10::make_intrusive<LibcommWork>(exec_, getRank(), type, title(op), outputs, outputs, source);
     exec_->push(Executor::Job{work, nullptr, std::move(start)});
     return work;
   }
 
+  // torch's RecordFunction keeps the name's pointer: one string per name for the process's life.
+  const char* title(const char* op) const {
+    static std::mutex mu;
+    static std::unordered_set<std::string> names;
+    std::lock_guard<std::mutex> lock(mu);
+    return names.insert(profiling_name_ + ":" + op).first->c_str();
+  }
+  int options_timeout_ms() const { return timeout_ms_; }
+
+  std::string profiling_name_;
+  int timeout_ms_ = 0;
+  uint64_t seq_ = 0;
   comm_t comm_ = nullptr;
   comm_t p2p_ = nullptr;
+  comm_t barrier_ = nullptr;
   std::shared_ptr<Executor> exec_;
   std::thread worker_;
 };
@@ -480,10 +532,12 @@ PYBIND11_MODULE(_torch_backend, m) {
   py::module::import("torch.distributed");  // registers c10d's ProcessGroup type, our base
   using PG = libcomm_torch::ProcessGroupLibcomm;
   py::class_<PG, c10d::ProcessGroup, c10::intrusive_ptr<PG>>(m, "ProcessGroupLibcomm")
-      .def(py::init([](int rank, int size, const std::string& init_method, int timeout_ms, const std::string& transport) {
-             return c10::make_intrusive<PG>(rank, size, init_method, timeout_ms, transport);
+      .def(py::init([](int rank, int size, const std::string& init_method, int timeout_ms, const std::string& transport,
+                       const std::string& profiling_name) {
+             return c10::make_intrusive<PG>(rank, size, init_method, timeout_ms, transport, profiling_name);
            }),
            py::arg("rank"), py::arg("size"), py::arg("init_method"), py::arg("timeout_ms"), py::arg("transport") = "",
+           py::arg("profiling_name") = "libcomm",
            py::call_guard<py::gil_scoped_release>())
       .def("abort", &PG::abort, py::call_guard<py::gil_scoped_release>())
       // The comm_t as an integer, for bench/torch_backend_bench.py's comm_allreduce called directly

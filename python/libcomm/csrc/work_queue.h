@@ -24,11 +24,20 @@ namespace libcomm_torch {
 using c10d::OpType;
 using Clock = std::chrono::steady_clock;
 
-// Called on the thread that made the failing call: comm_last_error is per thread.
+// The words torch's users and tests match on come first (gloo's and NCCL's: " Timed out ",
+// "closed"), libcomm's status and detail after. Called on the thread that made the failing call:
+// comm_last_error is per thread.
+inline std::string status_words(comm_status_t s) {
+  switch (s) {
+    case COMM_ERR_TIMEOUT: return " Timed out waiting for the peers (COMM_ERR_TIMEOUT): ";
+    case COMM_ERR_REMOTE: return " a peer failed or its connection closed (COMM_ERR_REMOTE): ";
+    case COMM_ERR_ABORTED: return " the communicator was aborted, its connections closed (COMM_ERR_ABORTED): ";
+    default: return std::string(" ") + comm_status_string(s) + "; ";
+  }
+}
 [[noreturn]] inline void raise_status(comm_status_t s, const std::string& what) {
   std::string detail = comm_last_error(nullptr);
-  throw std::runtime_error("libcomm " + what + ": " + comm_status_string(s) +
-                           (detail.empty() ? "" : "; " + detail));
+  throw std::runtime_error("libcomm " + what + ":" + status_words(s) + detail);
 }
 
 inline void check(comm_status_t s, const char* what) {
@@ -39,8 +48,12 @@ class Executor;
 
 class LibcommWork : public c10d::Work {
  public:
-  LibcommWork(std::shared_ptr<Executor> exec, int rank, OpType type, std::vector<at::Tensor> outputs, int source = -1)
-      : Work(rank, type), exec_(std::move(exec)), outputs_(std::move(outputs)), source_(source),
+  // title: the profiler's event name ("libcomm:all_reduce"), a string that lives as long as the
+  // process (torch's RecordFunction keeps the pointer); inputs: the shapes the event records.
+  LibcommWork(std::shared_ptr<Executor> exec, int rank, OpType type, const char* title,
+              const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs, int source = -1)
+      : Work(rank, type, title, c10::optional<std::vector<at::Tensor>>(inputs)), exec_(std::move(exec)),
+        outputs_(std::move(outputs)), source_(source),
         future_(c10::make_intrusive<at::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -49,6 +62,7 @@ class LibcommWork : public c10d::Work {
     TORCH_CHECK(source_ >= 0, "libcomm: sourceRank() is only defined for a receive");
     return source_;
   }
+  void set_source(int source) { source_ = source; }  // a receive from any source, once matched
   bool wait(std::chrono::milliseconds timeout) override;
 
   // The future first, as gloo does: DDP's reducer and comm hooks chain on it.
@@ -216,8 +230,8 @@ class Executor {
           comm_abort(p2p_);
           comm_wait(p.req);
           done = 1;
-          throw std::runtime_error(std::string("libcomm ") + what + ": COMM_ERR_TIMEOUT; no completion within the "
-                                   "process group's timeout (" + std::to_string(timeout_ms_) + " ms)");
+          throw std::runtime_error(std::string("libcomm ") + what + ": Timed out (COMM_ERR_TIMEOUT): no completion "
+                                   "within the process group's timeout (" + std::to_string(timeout_ms_) + " ms)");
         }
       } catch (...) {
         error = std::current_exception();
