@@ -79,7 +79,21 @@ if os.environ.get("LIBCOMM_SUITE_BACKEND") == "libcomm":
     def _libcomm_for_gloo(store, rank, size, timeout=c10d.default_pg_timeout):
         return _tb.create_process_group(store, rank, size, timeout, profiling_name="gloo")
 
+    _gloo = c10d.ProcessGroupGloo
+    _wrap = c10d._create_process_group_wrapper
+
+    def _wrapper_with_gloo_helper(*args, **kwargs):
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps each group in torch's _ProcessGroupWrapper, whose
+        # binding takes only a real ProcessGroupGloo as the helper that checks the calls agree:
+        # the helper stays gloo, the wrapped group (the data path) is libcomm.
+        c10d.ProcessGroupGloo = _gloo
+        try:
+            return _wrap(*args, **kwargs)
+        finally:
+            c10d.ProcessGroupGloo = _libcomm_for_gloo
+
     c10d.ProcessGroupGloo = _libcomm_for_gloo
+    c10d._create_process_group_wrapper = _wrapper_with_gloo_helper
 
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
