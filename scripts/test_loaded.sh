@@ -29,10 +29,10 @@ echo "load: ${BUSY:-2} busy loops and a comm-run/comm-bench spawner; $(nproc) co
 for ((round = 1; round <= ROUNDS; round++)); do
   start=$(date +%s)
   if meson test -C "$BUILD_DIR" --no-rebuild --print-errorlogs >"$BUILD_DIR/loaded-round-$round.log" 2>&1; then
-    echo "round $round of $ROUNDS: passed in $(($(date +%s) - start)) s ($(grep -E '^(Ok|Fail|Timeout):' "$BUILD_DIR/loaded-round-$round.log" | tr -s ' \n' ' '))"
+    echo "round $round of $ROUNDS: passed in $(($(date +%s) - start)) s ($(grep -aE '^(Ok|Fail|Timeout):' "$BUILD_DIR/loaded-round-$round.log" | tr -s ' \n' ' '))"
   else
     echo "round $round of $ROUNDS: FAILED after $(($(date +%s) - start)) s; $BUILD_DIR/loaded-round-$round.log:"
-    grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)' "$BUILD_DIR/loaded-round-$round.log" | head -20
+    grep -aE '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)' "$BUILD_DIR/loaded-round-$round.log" | head -20
     exit 1
   fi
 done
