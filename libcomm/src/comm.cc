@@ -21,7 +21,7 @@
 #include "connect.h"
 #include "device/device.h"
 #include "interfaces.h"
-#include "socket/net.h"
+#include "posix/socket.h"
 #include "tls/tls.h"
 #include "process_plan.h"
 #include "registry.h"
@@ -204,13 +204,17 @@ bool decode_hosts(const std::string& text, int size, std::vector<int>* host_of) 
   return static_cast<int>(host_of->size()) == size;
 }
 
-// Whether the world's socket transport is likely to carry this rank's peers: forced, or the
-// plan's choice for the peer class the guess says (the plan is known before the verdict).
-bool socket_likely(const CommSettings& s, bool all_local) {
-  if (s.transport != "auto" && s.transport != "nccl") return s.transport == "socket";
-  const topology::PeerPlan& p =
-      topology::plan_for_process().peer(all_local ? topology::PeerClass::kSameNuma : topology::PeerClass::kOtherHost);
-  return p.host_transport == "socket";
+// Whether the world's transport is likely to be one that adopts an early listener (its
+// registry entry says so): forced, or the plan's choice for the peer class the guess says (the
+// plan is known before the verdict).
+bool early_listener_likely(const CommSettings& s, bool all_local) {
+  std::string likely = s.transport;
+  if (s.transport == "auto" || s.transport == "nccl")
+    likely = topology::plan_for_process()
+                 .peer(all_local ? topology::PeerClass::kSameNuma : topology::PeerClass::kOtherHost)
+                 .host_transport;
+  const transport::TransportInfo* t = transport::find(likely);
+  return t != nullptr && t->listens_early;
 }
 
 // The world's socket listener, made before the init check so its address travels in the
@@ -223,14 +227,14 @@ bool socket_likely(const CommSettings& s, bool all_local) {
 // Returns the tagged address, or "-" (no listener: socket unlikely, or listening failed).
 std::string listen_early(const Identity& id, const CommSettings& s, std::shared_ptr<transport::EarlyListener>* out) {
   const bool guess_local = id.local_world_size > 0 && id.local_world_size == id.world_size;
-  if (id.world_size < 2 || !socket_likely(s, guess_local)) return "-";
+  if (id.world_size < 2 || !early_listener_likely(s, guess_local)) return "-";
   topology::Interface itf;
   std::string why;
   auto early = std::make_shared<transport::EarlyListener>();
-  transport::sock::SockAddr bound;
+  posix::SockAddr bound;
   Status st = topology::choose_socket_interface(guess_local, &itf, &why);
   // The backlog covers every peer dialing all its connections at once (the kernel caps it).
-  if (st.ok()) st = transport::sock::listen_on(itf.address, itf.family, id.world_size * 8 + 16, &early->fd, &bound);
+  if (st.ok()) st = posix::listen_on(itf.address, itf.family, id.world_size * 8 + 16, &early->fd, &bound);
   if (!st.ok()) {
     COMM_INFO(kNet, "rank %d: no listener before the init check (%s); the socket transport makes its own",
               id.rank, st.message().c_str());
@@ -238,7 +242,7 @@ std::string listen_early(const Identity& id, const CommSettings& s, std::shared_
   }
   *out = std::move(early);
   std::string tagged(1, guess_local ? 'L' : 'R');
-  tagged += transport::sock::format_address(bound);
+  tagged += posix::format_address(bound);
   return tagged;
 }
 
@@ -539,7 +543,10 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
     std::string hook;
     COMM_RETURN_IF_ERROR(test_tree_hook(c->rank, &hook));
     const bool guess_local = id.local_world_size > 0 && id.local_world_size == id.world_size;
-    Status st = VerdictServer::start(c->rank, guess_local, hook, &server);
+    topology::Interface itf;
+    std::string why;
+    Status st = topology::choose_socket_interface(guess_local, &itf, &why);
+    if (st.ok()) st = VerdictServer::start(c->rank, itf.address, itf.family, guess_local, hook, &server);
     if (!st.ok())
       COMM_INFO(kInit, "rank %d: no listener for the init verdict's tree (%s); its children read the store",
                 c->rank, st.message().c_str());
@@ -552,12 +559,12 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   c->world_addrs = std::make_shared<std::vector<std::string>>(std::move(agreed.hosts));
   if (early && !agreed.listeners.empty()) {
     early->table = std::move(agreed.listeners);
-    c->early_listener = std::move(early);  // the socket transport adopts it (connect.cc)
+    c->early_listener = std::move(early);  // the transport that listens early adopts it (connect.cc)
   }
   c->world_ranks.resize(static_cast<size_t>(c->size));
   for (int r = 0; r < c->size; ++r) c->world_ranks[static_cast<size_t>(r)] = r;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
-  c->early_listener.reset();  // not adopted (no socket transport after all): closed
+  c->early_listener.reset();  // not adopted (no transport that listens early after all): closed
   // The address tables are read: released before the barrier, so once rank 0 passes it every
   // rank has let go of its store connection.
   c->job_store->release_idle();

@@ -1,5 +1,6 @@
 #include "tuning/profile.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include "algorithms/algorithm.h"
 #include "hash.h"
 #include "params.h"
+#include "registry.h"
 
 namespace comm::tuning {
 namespace {
@@ -68,11 +70,13 @@ class EntryParser {
     COMM_RETURN_IF_ERROR(int_field("ranks", 1, 1 << 24, true, &ranks));
     e_.ranks = static_cast<int>(ranks);
     COMM_RETURN_IF_ERROR(string_field("transport", &e_.transport));
-    // The names connect.cc's profile_transport() gives a communicator, and NCCL's settings.
-    if (e_.transport != "shm" && e_.transport != "socket" && e_.transport != "shm+socket" && e_.transport != "ucx" &&
-        e_.transport != "shm+ucx" && e_.transport != "socket+ucx" && e_.transport != "nccl")
-      return fail("transport '" + e_.transport +
-                  "' is unknown; use shm, socket, ucx, shm+socket, shm+ucx, socket+ucx or nccl (NCCL_* settings)");
+    // The names connect.cc's profile_transport() gives a communicator (the registry's), and NCCL's settings.
+    const std::vector<std::string> known = transport::profile_names();
+    if (e_.transport != "nccl" && std::find(known.begin(), known.end(), e_.transport) == known.end()) {
+      std::string list;
+      for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
+      return fail("transport '" + e_.transport + "' is unknown; use " + list + " or nccl (NCCL_* settings)");
+    }
     // NCCL reads its environment once per process: its settings cannot depend on a call.
     if (e_.is_nccl() && e_.collective != "*")
       return fail("sets NCCL's environment, which NCCL reads once per process: use collective \"*\"");
