@@ -16,7 +16,8 @@ The core never names a transport (docs/design.md, "Layers"): no file under libco
 from a transport's own folder (transports/<name>/; the floor's shared parts, transport.h,
 registry.h and common/, are its interface, and nccl/ is the NCCL wrapper the device path stands
 on), uses a transport's namespace (transport::sock::), or spells a transport's name in a string
-("socket", "shm+ucx"): it reaches them through the registry (transports/registry.h).
+("socket", "shm+ucx"): it reaches them through the registry (transports/registry.h). The engine
+reaches the core through engine_view.h, never communicator.h.
 """
 import os
 import re
@@ -177,6 +178,10 @@ def check(root):
                                         "floors include only downwards (docs/design.md, \"The floors\")")
                 if floor in ("core", "engine"):
                     problems += core_names_transport(rel, text, names, found_includes)
+                if floor == "engine":
+                    problems += [f"{rel}:{line}: includes {found}: the engine reaches the core through "
+                                 "engine_view.h (and comm.h), not the communicator's insides"
+                                 for line, found in found_includes if found == "libcomm/src/communicator.h"]
     return problems
 
 
@@ -191,6 +196,7 @@ def self_test(root):
         ("libcomm/src/comm.cc", '#include "socket/net.h"', "the core including a transport's folder"),
         ("libcomm/src/connect.cc", '#include "routed/routed_transport.h"', "the core including a transport's folder"),
         ("libcomm/src/engine/step.cc", '#include "shm/layout.h"', "the engine including a transport's folder"),
+        ("libcomm/src/engine/stats.cc", '#include "communicator.h"', "the engine including the communicator"),
         ("libcomm/src/connect.cc", 'static const bool kLikely = kind == "socket";', "the core naming a transport"),
         ("libcomm/src/tuning/profile.cc", 'const char* kPair = "shm+ucx";', "the core naming a transport pair"),
         ("libcomm/src/comm.cc", 'using transport::sock::SockAddr;', "the core using a transport's namespace"),
