@@ -55,7 +55,7 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
     s->timeout_ms = cfg.timeout_ms;
   } else {
     int64_t t = 0;
-    COMM_RETURN_IF_ERROR(params::get_int("COMM_TIMEOUT_MS", 1, INT32_MAX, &t));
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_TIMEOUT_MS", &t));
     s->timeout_ms = static_cast<int>(t);
   }
   if (cfg.transport != nullptr) {
@@ -89,13 +89,13 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
     COMM_RETURN_IF_ERROR(tls::enabled_from_env(&s->tls));
   }
   int64_t heartbeat = 0;
-  COMM_RETURN_IF_ERROR(params::get_int("COMM_HEARTBEAT_MS", 0, 3600 * 1000, &heartbeat));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_HEARTBEAT_MS", &heartbeat));
   s->heartbeat_ms = static_cast<int>(heartbeat);
   int64_t strict = 0;
-  COMM_RETURN_IF_ERROR(params::get_int("COMM_CHECK_COLLECTIVES", 0, 1, &strict));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_CHECK_COLLECTIVES", &strict));
   s->check_collectives = strict != 0;
   int64_t chunk = 0;
-  COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", 4096, int64_t{1} << 30, &chunk));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_CHUNK_BYTES", &chunk));
   s->chunk_bytes = static_cast<size_t>(chunk);
   // Parsed before the rendezvous, so a bad profile fails every rank at once, naming the entry;
   // its hash joins what ranks must agree on (fingerprint below).

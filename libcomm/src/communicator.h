@@ -35,15 +35,16 @@ struct comm_request_s {
 
 namespace comm {
 
-// Settings every rank must share, and the job's rendezvous results.
+// Settings every rank must share, and the job's rendezvous results. comm.cc (resolve_settings)
+// fills every field from comm_config_t and the params registry (params.cc: the defaults).
 struct CommSettings {
-  int timeout_ms = 600000;
-  std::string transport = "auto";
+  int timeout_ms = 0;
+  std::string transport;     // COMM_TRANSPORT, lower case
   std::string forced_algo;   // COMM_ALGO
-  size_t chunk_bytes = 512 * 1024;
+  size_t chunk_bytes = 0;
   std::string tuning_hash = "none";
   std::shared_ptr<const tuning::Profile> profile;  // COMM_TUNING_FILE, parsed; null when unset
-  int heartbeat_ms = 1000;         // COMM_HEARTBEAT_MS: idle detection's period (watch.h); 0: off
+  int heartbeat_ms = 0;            // COMM_HEARTBEAT_MS: idle detection's period (watch.h); 0: off
   bool check_collectives = false;  // COMM_CHECK_COLLECTIVES: every call confirms its signature (strict.cc)
   bool tls = false;  // COMM_TLS / comm_config_t.tls: socket connections run TLS 1.3 (connect.cc)
 };
