@@ -11,22 +11,7 @@
 
 namespace comm::transport {
 
-// What a transport needs to connect one communicator's ranks.
-struct ConnectRequest {
-  Options options;                // the communicator's; its store is prefixed for this transport
-  std::string comm_id;            // names per-communicator resources (unique in the job)
-  std::vector<int> world_ranks;   // every rank's world rank (empty: the identity)
-  // The job's directly reachable memory on this host (comm_mem_alloc), shared by every
-  // communicator of the job: null on entry for the world, which may create it here.
-  std::shared_ptr<JobMemory>* job_memory = nullptr;
-  bool world = false;             // the world communicator: job-wide resources are made here
-};
-
-struct Connected {
-  std::unique_ptr<Transport> transport;  // null: this rank has no peer the transport reaches
-  bool usable = true;  // every rank of the communicator could set it up (else why_not)
-  std::string why_not;
-};
+// ConnectRequest and Connected (what connect() takes and gives): transport.h.
 
 struct TransportInfo {
   const char* name;        // what COMM_TRANSPORT and the plan call it
