@@ -64,7 +64,7 @@ const std::vector<Param>& all() {
       {"COMM_TLS", Type::kInt, "0",
        "1: the store's and the socket transport's connections run TLS 1.3 (OpenSSL; kernel TLS where the kernel has "
        "it), authenticated by a key derived from COMM_AUTH_TOKEN, or by COMM_TLS_CERT/KEY/CA; every rank alike",
-       nullptr},
+       nullptr, 0, 1},
       {"COMM_TLS_CERT", Type::kString, "", "with COMM_TLS=1: this process's certificate chain (PEM) instead of the PSK",
        nullptr},
       {"COMM_TLS_KEY", Type::kString, "", "with COMM_TLS_CERT: its private key (PEM)", nullptr},
