@@ -23,9 +23,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import libcomm  # noqa: E402
 from benchlib import init_gloo_beside  # noqa: E402
-from libcomm.torch_ddp import DistributedDataParallel as CommDDP  # noqa: E402
 
 
 def layer_list(layers, d, vocab):
@@ -85,6 +83,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bucket-cap-mb", type=float, default=25)
     args = ap.parse_args()
+    # After the arguments: --help works where the library is not built or not found.
+    import libcomm
+    from libcomm.torch_ddp import DistributedDataParallel as CommDDP
     torch.set_num_threads(1)
 
     comm = libcomm.Communicator()

@@ -1,4 +1,5 @@
-// SHA-256 against FIPS 180-4's examples and HMAC-SHA256 against RFC 4231's test cases 1-7.
+// SHA-256 against FIPS 180-4's examples and HMAC-SHA256 against RFC 4231's test cases 1-7: our
+// thin wrappers over OpenSSL's libcrypto (crypto/sha256.h), so a wrong call shows here.
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -62,4 +63,11 @@ TEST_CASE("digest_equal tells every differing byte", "[crypto][sha256]") {
     b[i] ^= 1;
     CHECK_FALSE(digest_equal(a, b));
   }
+}
+
+TEST_CASE("hmac_sha256 with an empty key and message is HMAC's, not the previous key's", "[crypto][sha256]") {
+  CHECK(hex(hmac_sha256(nullptr, 0, "", 0)) == "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
+  // A key used just before must not leak into a keyless call.
+  (void)hmac_sha256("key", 3, "x", 1);
+  CHECK(hex(hmac_sha256(nullptr, 0, "", 0)) == "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
 }

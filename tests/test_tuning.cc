@@ -1,6 +1,6 @@
 // The tuning profile (COMM_TUNING_FILE): what is refused at init and how each error names its
 // entry, which entries a communicator takes, and that the environment beats the profile.
-// tests/tuning/test_tuning_init.sh checks the same through comm_init in real processes.
+// tests/tuning/test_tuning.py checks the same through comm_init in real processes.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>

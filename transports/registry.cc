@@ -20,10 +20,10 @@ Status connect_plain(Status (*create)(const Options&, std::unique_ptr<Transport>
 
 const std::vector<TransportInfo>& registry() {
   static const std::vector<TransportInfo> table = {
-      {"shm", true, false, always, no_reason, connect_shm},
-      {"socket", false, true, always, no_reason,
+      {"shm", true, false, false, always, no_reason, connect_shm},
+      {"socket", false, true, true, always, no_reason,
        [](const ConnectRequest& r, Connected* out) { return connect_plain(create_socket_transport, r, out); }},
-      {"ucx", false, false, ucx_built, ucx_why_not,
+      {"ucx", false, false, false, ucx_built, ucx_why_not,
        [](const ConnectRequest& r, Connected* out) { return connect_plain(create_ucx_transport, r, out); }},
   };
   return table;
@@ -39,6 +39,19 @@ std::string first_reaching_other_hosts() {
   for (const auto& t : registry())
     if (!t.host_local && t.built()) return t.name;
   return "";
+}
+
+std::vector<std::string> profile_names() {
+  std::vector<std::string> out;
+  for (const auto& t : registry()) out.emplace_back(t.name);
+  const TransportInfo* first_far = nullptr;  // built or not: a profile may be written elsewhere
+  for (const auto& t : registry())
+    if (!t.host_local && first_far == nullptr) first_far = &t;
+  for (const auto& near : registry())
+    for (const auto& far : registry())
+      if (&near != &far && !far.host_local && (near.host_local || &near == first_far))
+        out.push_back(std::string(near.name) + "+" + far.name);
+  return out;
 }
 
 std::string names(bool built_only) {

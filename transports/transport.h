@@ -258,6 +258,24 @@ class Transport {
   std::atomic<bool> peer_reported_timeout_{false};
 };
 
+// What a transport needs to connect one communicator's ranks (each registry row's connect(),
+// registry.h), and what it gives back.
+struct ConnectRequest {
+  Options options;                // the communicator's; its store is prefixed for this transport
+  std::string comm_id;            // names per-communicator resources (unique in the job)
+  std::vector<int> world_ranks;   // every rank's world rank (empty: the identity)
+  // The job's directly reachable memory on this host (comm_mem_alloc), shared by every
+  // communicator of the job: null on entry for the world, which may create it here.
+  std::shared_ptr<JobMemory>* job_memory = nullptr;
+  bool world = false;             // the world communicator: job-wide resources are made here
+};
+
+struct Connected {
+  std::unique_ptr<Transport> transport;  // null: this rank has no peer the transport reaches
+  bool usable = true;  // every rank of the communicator could set it up (else why_not)
+  std::string why_not;
+};
+
 // Convenience for algorithms: send and receive at once, wait for both.
 Status sendrecv(Transport& t, int send_peer, const OpTag& tag, const void* sendbuf, size_t send_bytes,
                 int recv_peer, void* recvbuf, size_t recv_bytes);

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "log.h"
+
 namespace comm::params {
 
 const std::vector<Param>& all() {
@@ -26,16 +28,16 @@ const std::vector<Param>& all() {
        "%r the rank",
        nullptr},
       {"COMM_TIMEOUT_MS", Type::kInt, "600000",
-       "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr},
+       "a wait that sees no progress from its peer for this long fails (PyTorch's NCCL default)", nullptr, 1, INT32_MAX},
       {"COMM_HEARTBEAT_MS", Type::kInt, "1000",
        "idle detection: how often a communicator with no call running reads its peers' reports and closes, and "
        "tells its socket peers it lives; a peer silent for COMM_TIMEOUT_MS or gone without comm_destroy breaks it "
        "(comm_get_async_error); 0: off",
-       nullptr},
+       nullptr, 0, 3600 * 1000},
       {"COMM_CHECK_COLLECTIVES", Type::kInt, "0",
        "strict mode, for debugging: every collective confirms with every rank that all called the same collective, "
        "dtype, count, op and root before it returns (one small all-reduce more per call); 1: on",
-       nullptr},
+       nullptr, 0, 1},
       {"COMM_FLIGHT_RECORDER_FILE", Type::kString, "",
        "write each communicator's flight recorder (its last 256 operations, JSON) here when it times out, fails "
        "or is aborted; %h host, %p pid, %r rank; tools/comm-trace merges the ranks' files",
@@ -62,7 +64,7 @@ const std::vector<Param>& all() {
       {"COMM_TLS", Type::kInt, "0",
        "1: the store's and the socket transport's connections run TLS 1.3 (OpenSSL; kernel TLS where the kernel has "
        "it), authenticated by a key derived from COMM_AUTH_TOKEN, or by COMM_TLS_CERT/KEY/CA; every rank alike",
-       nullptr},
+       nullptr, 0, 1},
       {"COMM_TLS_CERT", Type::kString, "", "with COMM_TLS=1: this process's certificate chain (PEM) instead of the PSK",
        nullptr},
       {"COMM_TLS_KEY", Type::kString, "", "with COMM_TLS_CERT: its private key (PEM)", nullptr},
@@ -72,35 +74,35 @@ const std::vector<Param>& all() {
       {"COMM_SOCKET_IFNAME", Type::kString, "",
        "interfaces for data and rendezvous (NCCL_SOCKET_IFNAME syntax); falls back to NCCL_SOCKET_IFNAME",
        nullptr},
-      {"COMM_SOCKET_NCONNS", Type::kInt, "2", "TCP connections per peer; large messages are striped", nullptr},
+      {"COMM_SOCKET_NCONNS", Type::kInt, "2", "TCP connections per peer; large messages are striped", nullptr, 1, 8},
       {"COMM_SOCKET_EAGER", Type::kInt, "0",
        "1: the socket transport connects every pair of ranks at init (a full mesh, connection errors at init); "
-       "0: a peer is connected when an operation first needs it", nullptr},
+       "0: a peer is connected when an operation first needs it", nullptr, 0, 1},
       {"COMM_HOST_ID", Type::kString, "", "ranks with the same value are on the same host", nullptr},
       {"COMM_ALGO", Type::kString, "",
        "force an algorithm, e.g. ring or recursive_doubling (falls back when it cannot run)", nullptr},
-      {"COMM_CHUNK_BYTES", Type::kInt, "524288", "pipelining chunk of the ring algorithms", nullptr},
+      {"COMM_CHUNK_BYTES", Type::kInt, "524288", "pipelining chunk of the ring algorithms", nullptr, 4096, int64_t{1} << 30},
       {"COMM_RING_DEPTH", Type::kInt, "2",
        "ring algorithms: chunks in flight each way (receives posted ahead of the one being reduced, sends not yet "
-       "retired), 2..4", nullptr},
+       "retired)", nullptr, 2, 4},
       {"COMM_RING_SENDS", Type::kInt, "8",
        "ring algorithms: sends in flight to the next rank, each posted once its data is final (more data queued in "
-       "the kernel while the rank waits for a CPU or a peer), 1..16", nullptr},
+       "the kernel while the rank waits for a CPU or a peer)", nullptr, 1, 16},
       {"COMM_SMALL_MSG_BYTES", Type::kInt, "65536",
-       "all-reduce up to this size uses the latency algorithm (recursive doubling)", nullptr},
+       "all-reduce up to this size uses the latency algorithm (recursive doubling)", nullptr, 0, INT64_MAX},
       // the gradient engine (libcomm/src/engine/)
       {"COMM_ENGINE_BUCKET_CAP_BYTES", Type::kInt, "26214400",
-       "gradient engine: bucket size limit (bytes) when comm_engine_config_t.bucket_cap_bytes is unset", nullptr},
+       "gradient engine: bucket size limit (bytes) when comm_engine_config_t.bucket_cap_bytes is unset", nullptr, 1, int64_t{1} << 40},
       {"COMM_ENGINE_FIRST_BUCKET_BYTES", Type::kInt, "1048576",
-       "gradient engine: limit of the first bucket when comm_engine_config_t.first_bucket_bytes is unset", nullptr},
+       "gradient engine: limit of the first bucket when comm_engine_config_t.first_bucket_bytes is unset", nullptr, 1, int64_t{1} << 40},
       {"COMM_ENGINE_PARTITION_BYTES", Type::kInt, "4194304",
        "gradient engine: buckets go on the wire in partitions of up to this many bytes, highest priority first, "
        "when comm_engine_config_t.partition_bytes is unset",
-       nullptr},
+       nullptr, 1, INT64_MAX},
       {"COMM_ENGINE_OVERLAP_FORWARD", Type::kInt, "0",
        "gradient engine: 1 = comm_engine_end returns once every gradient is reported; comm_engine_wait(i) before "
        "gradient i is read (when comm_engine_config_t.overlap_forward is unset)",
-       nullptr},
+       nullptr, 0, 1},
       {"COMM_ENGINE_SCHEDULE", Type::kString, "priority",
        "gradient engine: priority (partitions ready on every rank, highest priority first) or fifo (bucket order, "
        "as torch's DDP; for comparison)",
@@ -113,42 +115,42 @@ const std::vector<Param>& all() {
       {"COMM_TOPO_XML", Type::kString, "",
        "read GPUs, NICs and PCI placement from this file (hwloc XML or NCCL topology XML) instead of hwloc", nullptr},
       {"COMM_CROSS_ZONE", Type::kInt, "0",
-       "1: ranks span zones or long-haul links, so NCCL_IB_TIMEOUT defaults to 23 instead of 20", nullptr},
+       "1: ranks span zones or long-haul links, so NCCL_IB_TIMEOUT defaults to 23 instead of 20", nullptr, 0, 1},
       {"COMM_LONG_HAUL_RTT_US", Type::kInt, "1000",
        "a round trip to the rendezvous store over this (us) counts as long-haul (NCCL_IB_TIMEOUT 23 on that rank)",
-       nullptr},
+       nullptr, 1, 60000000},
       {"COMM_SHM_SLOT_BYTES", Type::kInt, "16384",
        "shared memory: all-reduce up to this size goes through one shared slot per rank (shm_slots); larger "
        "ones read peers' buffers directly (shm_direct). Every local rank must use the same value",
-       nullptr},
+       nullptr, 64, 16 << 20},
       {"COMM_SHM_CHUNK_BYTES", Type::kInt, "131072",
        "shared memory: pipelining chunk (per rank's slice) of the direct all-reduce; its staging rings hold "
        "4 chunks per local rank. Every local rank must use the same value",
-       nullptr},
+       nullptr, 4096, int64_t{1} << 30},
       {"COMM_SHM_STREAM_BYTES", Type::kInt, "-1",
        "shared memory: an out-of-place all-reduce of at least this many bytes writes its result into an ordinary "
        "(not comm_mem_alloc) output buffer with streaming stores, which skip reading the destination first "
        "(-1: half the L3 cache; 0: always)",
-       nullptr},
+       nullptr, -1, int64_t{1} << 50},
       {"COMM_SHM_CMA", Type::kInt, "1",
        "shared memory: 1 = large point-to-point messages are read from the sender's buffer with "
        "process_vm_readv (one copy) when the kernel allows it; 0 = copied through the channel",
-       nullptr},
+       nullptr, 0, 1},
       {"COMM_SHM_ARENA_BYTES", Type::kInt, "68719476736",
        "shared memory: address space each rank reserves (not allocates) for comm_mem_alloc buffers and staging",
-       nullptr},
+       nullptr, int64_t{1} << 30, int64_t{1} << 46},
       {"COMM_SOCKET_PROGRESS_THREAD_BYTES", Type::kInt, "0",
        "sockets: a request of at least this many bytes starts the transport's progress thread, which moves "
        "open requests' bytes while no caller is inside the transport (0: no thread; waits move everything)",
-       nullptr},
+       nullptr, 0, INT64_MAX},
       {"COMM_SOCKET_SPIN_US", Type::kInt, "0",
        "sockets: microseconds a wait polls without blocking after each progress, before it sleeps in poll() "
        "(0: never spin; spinning trades a trainer's CPU for wake-up latency)",
-       nullptr},
+       nullptr, 0, 1000000},
       {"COMM_SHM_SPIN_US", Type::kInt, "-1",
        "shared memory: microseconds a wait spins before it yields or sleeps on a futex (-1: 200 when local "
        "ranks <= cores; else 0, then sched_yield for up to 1 ms)",
-       nullptr},
+       nullptr, -1, 1000000},
       // tools and tests, not the library (here so that setting them is not warned about)
       {"COMM_BENCH_CORRUPT", Type::kString, "",
        "comm-bench, tests only: RANK:INDEX flips one byte of that output element on that rank after each check",
@@ -198,13 +200,13 @@ const std::vector<Param>& all() {
   return table;
 }
 
-namespace {
-
 const Param* find(const char* name) {
   for (const auto& p : all())
     if (std::strcmp(p.name, name) == 0) return &p;
   return nullptr;
 }
+
+namespace {
 
 Status parse_int(const char* name, const std::string& text, int64_t min, int64_t max, int64_t* out) {
   errno = 0;
@@ -227,11 +229,23 @@ std::optional<std::string> env(const char* name) {
   return std::string(v);
 }
 
-Status get_int(const char* name, int64_t min, int64_t max, int64_t* out) {
+Status get_int(const char* name, int64_t* out) {
   const Param* p = find(name);
-  if (p == nullptr) return Internal(std::string("parameter ") + name + " is not in the registry");
+  if (p == nullptr || p->type != Type::kInt)
+    return Internal(std::string("parameter ") + name + " is not an integer in the registry");
   auto v = env(name);
-  return parse_int(name, v ? *v : p->fallback, min, max, out);
+  return parse_int(name, v ? *v : p->fallback, p->min, p->max, out);
+}
+
+int64_t int_or_default(const char* name, uint32_t subsys) {
+  int64_t v = 0;
+  Status st = get_int(name, &v);
+  if (st.ok()) return v;
+  const Param* p = find(name);
+  const char* fallback = p != nullptr ? p->fallback : "0";
+  log::write(log::Level::kWarn, subsys, "%s; using the default, %s", st.message().c_str(),
+             fallback);
+  return std::strtoll(fallback, nullptr, 10);
 }
 
 Status get_string(const char* name, std::string* out) {
@@ -335,6 +349,7 @@ std::string describe_all() {
     text += "\n    ";
     text += p.doc;
     if (p.choices) text += std::string(" [") + p.choices + "]";
+    if (p.type == Type::kInt) text += " [" + std::to_string(p.min) + ".." + std::to_string(p.max) + "]";
     text += "\n";
   }
   return text;

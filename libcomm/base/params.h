@@ -13,28 +13,37 @@ namespace comm::params {
 
 enum class Type { kInt, kString, kEnum };
 
+// One row per knob: its default and (integers) its range are stated here and nowhere else; the
+// floor that uses it reads it through get_int / int_or_default.
 struct Param {
   const char* name;     // the environment variable
   Type type;
   const char* fallback;  // default value as text ("" = unset)
   const char* doc;
   const char* choices;  // kEnum: comma list of allowed values; otherwise nullptr
+  int64_t min = 0, max = 0;  // kInt: the values accepted
 };
 
 const std::vector<Param>& all();
+const Param* find(const char* name);  // nullptr when not in the registry
 
 // The raw environment value (nullopt when unset or empty). For variables not in the
 // registry this aborts in debug builds: every variable must be declared.
 std::optional<std::string> env(const char* name);
 
 // Typed reads with validation; the error names the variable and the bad value.
-Status get_int(const char* name, int64_t min, int64_t max, int64_t* out);  // env or default
+// An integer knob: the environment's value, else the default; out of the row's range is
+// INVALID_ARGUMENT naming the variable, the value and the range.
+Status get_int(const char* name, int64_t* out);
+// The same where a bad value must not fail anything: it warns (log subsystem `subsys`, naming
+// the variable and the default) and the default is used.
+int64_t int_or_default(const char* name, uint32_t subsys);
 Status get_string(const char* name, std::string* out);                       // env or default
 // Parse an integer environment variable that has no default (RANK, WORLD_SIZE, ...).
 // *present=false when unset. A malformed or out-of-range value is INVALID_ARGUMENT naming it.
 Status get_optional_int(const char* name, int64_t min, int64_t max, int64_t* out, bool* present);
 
-// "NAME=value (default ...): doc" lines for every knob.
+// "NAME=value (default|set)" and its doc, choices and range, for every knob (comm-run --params).
 std::string describe_all();
 
 // Every COMM_* and NCCL_* variable set in the environment, "NAME=value" in name order, for the

@@ -15,6 +15,7 @@
 #include "algorithms/algorithm.h"
 #include "algorithms/scratch.h"
 #include "comm/comm.h"
+#include "engine_view.h"
 #include "flight_recorder.h"
 #include "status.h"
 #include "store/store.h"
@@ -34,15 +35,16 @@ struct comm_request_s {
 
 namespace comm {
 
-// Settings every rank must share, and the job's rendezvous results.
+// Settings every rank must share, and the job's rendezvous results. comm.cc (resolve_settings)
+// fills every field from comm_config_t and the params registry (params.cc: the defaults).
 struct CommSettings {
-  int timeout_ms = 600000;
-  std::string transport = "auto";
+  int timeout_ms = 0;
+  std::string transport;     // COMM_TRANSPORT, lower case
   std::string forced_algo;   // COMM_ALGO
-  size_t chunk_bytes = 512 * 1024;
+  size_t chunk_bytes = 0;
   std::string tuning_hash = "none";
   std::shared_ptr<const tuning::Profile> profile;  // COMM_TUNING_FILE, parsed; null when unset
-  int heartbeat_ms = 1000;         // COMM_HEARTBEAT_MS: idle detection's period (watch.h); 0: off
+  int heartbeat_ms = 0;            // COMM_HEARTBEAT_MS: idle detection's period (watch.h); 0: off
   bool check_collectives = false;  // COMM_CHECK_COLLECTIVES: every call confirms its signature (strict.cc)
   bool tls = false;  // COMM_TLS / comm_config_t.tls: socket connections run TLS 1.3 (connect.cc)
 };
@@ -63,7 +65,7 @@ struct comm_s {
   // peers or without a host-local transport.
   std::shared_ptr<comm::transport::JobMemory> job_memory;
   // The world only, from init until its socket transport adopts it: the listener made before
-  // the verdict and the address table from the verdict (null when unusable; comm.cc).
+  // the verdict and the address table from the verdict (null when unusable; init_agreement.cc).
   std::shared_ptr<comm::transport::EarlyListener> early_listener;
   bool local_transport_usable = true;  // agreed at the world's init: the host-local transport works on every host
   std::shared_ptr<comm::Store> job_store;  // un-prefixed; children derive their prefix from it
@@ -156,11 +158,7 @@ Status shrink_communicator(comm_t comm, const std::vector<int>& excluded, comm_t
 Status random_secret(std::string* out);
 void destroy_communicator(comm_t comm);
 
-// Records a failure that involved peers: the communicator is broken (the first failure sticks),
-// its peers are told once, the failure is logged. The one way to break a communicator, for the
-// core's calls, the device path and the engine alike. INVALID_ARGUMENT (found before anything
-// moved) breaks nothing; after comm_abort the failure reads as ABORTED. Returns the failure.
-Status fail_communicator(comm_t comm, Status st);
+// fail_communicator(): engine_view.h.
 // Fails fast when the communicator is aborted or broken (with the error it broke with).
 Status check_usable(comm_t comm);
 // Stamps the tag (sequence number etc.) in issue order; call on the issuing thread.

@@ -8,7 +8,6 @@
 #include "log.h"
 #include "process_plan.h"
 #include "registry.h"
-#include "routed/routed_transport.h"
 #include "tls/tls.h"
 
 namespace comm {
@@ -101,8 +100,8 @@ Status create_host_transport(const std::string& kind, const transport::Options& 
     return Internal("the plan chose '" + kind + "' for peers on other hosts, which no transport here can reach");
   transport::ConnectRequest r = request_for(c, kind, opt);
   if (t->listens_on_interface) COMM_RETURN_IF_ERROR(choose_listen_address(c, &r.options.listen));
-  // The world's first socket transport takes the listener whose address came in the verdict.
-  if (kind == "socket" && c->early_listener) r.options.early = std::move(c->early_listener);
+  // The world's first transport that listens early takes the listener whose address came in the verdict.
+  if (t->listens_early && c->early_listener) r.options.early = std::move(c->early_listener);
   if (!t->built())
     return Unavailable("transport '" + kind + "' is not available here (" + t->not_built() + ")");
   transport::Connected connected;
@@ -183,7 +182,7 @@ Status connect_transport(comm_t c) {
   if (c->settings.tls) {
     // The data path's key comes from the job secret (fresh per job, handed out through the
     // store, itself under TLS), or the cluster's certificates (libcomm/base/tls/tls.h).
-    COMM_RETURN_IF_ERROR(tls::context_from_env(true, c->secret, "socket", "the job secret", &opt.tls));
+    COMM_RETURN_IF_ERROR(tls::context_from_env(true, c->secret, tls::kDataPathContext, "the job secret", &opt.tls));
     std::string why;
     const bool ktls = tls::kernel_tls_available(&why);
     COMM_INFO(kNet, "comm %s rank %d: socket connections run TLS 1.3 (%s); kernel TLS %s: %s", c->id.c_str(), c->rank,

@@ -70,10 +70,7 @@ Env Env::from_process() {
   env.nccl_ib_hca = string_param("NCCL_IB_HCA");
   env.comm_transport = string_param("COMM_TRANSPORT");
   for (auto& c : env.comm_transport) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-  int64_t cross = 0;
-  Status st = params::get_int("COMM_CROSS_ZONE", 0, 1, &cross);
-  if (!st.ok()) COMM_WARN(kEnv, "%s; taken as 0", st.message().c_str());
-  env.cross_zone = st.ok() && cross == 1;
+  env.cross_zone = params::int_or_default("COMM_CROSS_ZONE", log::kEnv) == 1;
   return env;
 }
 
@@ -100,7 +97,7 @@ Config config_from_env() {
     if (t.built() && std::find(c.host_transports.begin(), c.host_transports.end(), t.name) == c.host_transports.end())
       c.host_transports.emplace_back(t.name);
   int64_t threshold = 0;
-  if (params::get_int("COMM_LONG_HAUL_RTT_US", 1, 60000000, &threshold).ok())
+  if (params::get_int("COMM_LONG_HAUL_RTT_US", &threshold).ok())
     c.long_haul_rtt_us = static_cast<double>(threshold);
   return c;
 }

@@ -127,11 +127,11 @@ Status connect_shm(const Options& options, const ShmConfig& config, std::shared_
   bool cma_ok = true;
   if (local.size() > 1) {
     Status st;
-    int64_t slot = 0, arena = 0, cma = 1;
-    st = params::get_int("COMM_SHM_SLOT_BYTES", 64, 16 << 20, &slot);
+    int64_t slot = 0, arena = 0, cma = 0;
+    st = params::get_int("COMM_SHM_SLOT_BYTES", &slot);
     if (st.ok() && options.shm_slot_bytes != 0) slot = options.shm_slot_bytes;  // the tuning profile's
-    if (st.ok()) st = params::get_int("COMM_SHM_ARENA_BYTES", int64_t{1} << 30, int64_t{1} << 46, &arena);
-    if (st.ok()) st = params::get_int("COMM_SHM_CMA", 0, 1, &cma);
+    if (st.ok()) st = params::get_int("COMM_SHM_ARENA_BYTES", &arena);
+    if (st.ok()) st = params::get_int("COMM_SHM_CMA", &cma);
     if (st.ok() && config.create_domain) {
       DomainConfig dc;
       dc.secret = options.secret;

@@ -40,8 +40,7 @@ ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const 
     if (c != ranks_per_host_) ranks_per_host_ = 0;
   // Spin long only when every local rank can have a core; otherwise sleep almost at once
   // and leave the core to the peer we wait for (docs/design.md, "Progress without burning the machine").
-  int64_t spin_us = -1;
-  if (!params::get_int("COMM_SHM_SPIN_US", -1, 1000000, &spin_us).ok()) spin_us = -1;
+  int64_t spin_us = params::int_or_default("COMM_SHM_SPIN_US", log::kNet);
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   const bool oversubscribed = static_cast<long>(local_ranks_.size()) > cores;
   // Oversubscribed, the peer may share our core: spinning only delays it, so yield at once.

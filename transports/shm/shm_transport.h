@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "registry.h"
+#include "transport.h"
 #include "transport.h"
 
 namespace comm::transport {

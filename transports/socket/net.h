@@ -1,36 +1,16 @@
-// Small POSIX socket helpers for the socket transport: an owning fd, numeric addresses.
+// The socket transport's names for the ground floor's TCP helpers (posix/socket.h).
 #pragma once
 
-#include <sys/socket.h>
-
-#include <string>
-
-#include "posix/fd.h"
-#include "posix/net_util.h"
-#include "status.h"
+#include "posix/socket.h"
 
 namespace comm::transport::sock {
 
 using posix::Fd;
-
-struct SockAddr {
-  sockaddr_storage storage{};
-  socklen_t len = 0;
-  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
-  int family() const { return storage.ss_family; }
-};
-
 using posix::format_address;
-inline std::string format_address(const SockAddr& a) { return posix::format_address(a.get(), a.len); }
-Status parse_address(const std::string& text, SockAddr* out);
-
-// A non-blocking, CLOEXEC listening socket on a numeric host, port chosen by the kernel.
-Status listen_on(const std::string& host, int family, int backlog, Fd* out, SockAddr* bound);
-
-// The remote end of a connected socket, for log lines ("unknown" when it cannot be read).
-std::string peer_address(int fd);
-
-// Latency over throughput for small frames; large ones are written whole anyway.
-void set_nodelay(int fd);
+using posix::listen_on;
+using posix::parse_address;
+using posix::peer_address;
+using posix::set_nodelay;
+using posix::SockAddr;
 
 }  // namespace comm::transport::sock

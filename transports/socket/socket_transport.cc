@@ -24,9 +24,9 @@ SocketTransport::SocketTransport(Options options, int nconns, std::unique_ptr<Me
   pfds_.reserve(conns_.size() + 1);
   pfd_conn_.reserve(conns_.size() + 1);
   int64_t spin_us = 0;
-  if (params::get_int("COMM_SOCKET_SPIN_US", 0, 1000000, &spin_us).ok()) spin_ = std::chrono::microseconds(spin_us);
+  if (params::get_int("COMM_SOCKET_SPIN_US", &spin_us).ok()) spin_ = std::chrono::microseconds(spin_us);
   int64_t thread_bytes = 0;
-  if (params::get_int("COMM_SOCKET_PROGRESS_THREAD_BYTES", 0, INT64_MAX, &thread_bytes).ok())  // checked at creation
+  if (params::get_int("COMM_SOCKET_PROGRESS_THREAD_BYTES", &thread_bytes).ok())  // checked at creation
     thread_min_bytes_ = static_cast<uint64_t>(thread_bytes);
   heartbeat_ = std::chrono::milliseconds(options_.heartbeat_ms > 0 ? options_.heartbeat_ms : 0);
   heard_.assign(static_cast<size_t>(size()), Clock::time_point{});
@@ -271,15 +271,15 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
   if (options.size > 1 && !options.store) return InvalidArgument("socket transport: no store to exchange addresses");
   std::string me = options.comm_label + (options.comm_label.empty() ? "" : " ") + "rank " + std::to_string(options.rank);
 
-  int64_t nconns = 2;
-  COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_NCONNS", 1, kMaxConns, &nconns));
+  int64_t nconns = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_NCONNS", &nconns));  // 1..kMaxConns (params.cc)
   if (options.socket_nconns != 0) nconns = options.socket_nconns;  // the tuning profile's (validated 1..8)
   Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return SystemError(me + ": socket transport: eventfd() failed: " + errno_string(errno));
 
   int64_t eager = 0, thread_bytes = 0;
-  COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_EAGER", 0, 1, &eager));
-  COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_PROGRESS_THREAD_BYTES", 0, INT64_MAX, &thread_bytes));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_EAGER", &eager));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_PROGRESS_THREAD_BYTES", &thread_bytes));
   std::vector<MeshLink> links;
   std::unique_ptr<Mesh> mesh;
   if (options.size > 1) {

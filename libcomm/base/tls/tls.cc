@@ -137,7 +137,7 @@ std::string psk_from_secret(const std::string& secret, const std::string& contex
 
 Status enabled_from_env(bool* enabled) {
   int64_t on = 0;
-  COMM_RETURN_IF_ERROR(params::get_int("COMM_TLS", 0, 1, &on));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_TLS", &on));
   *enabled = on != 0;
   return Status::Ok();
 }

@@ -41,6 +41,9 @@ struct Config {
 // The PSK of a protocol: HMAC-SHA256(secret, "libcomm tls psk" | 0 | context). The context
 // ("store", "socket") makes the store's key and the data path's key different.
 std::string psk_from_secret(const std::string& secret, const std::string& context);
+// The data path's context, for the core (which never spells a transport's name,
+// tests/test_layers.py): the PSK label the socket transport's connections have always used.
+inline constexpr const char* kDataPathContext = "socket";
 
 // COMM_TLS (0 or 1).
 Status enabled_from_env(bool* enabled);

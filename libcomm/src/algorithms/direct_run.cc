@@ -12,15 +12,7 @@ namespace comm::algo {
 using Mark = transport::LocalAccess::Mark;
 
 size_t shm_chunk_bytes() {
-  static const size_t value = [] {
-    int64_t v = 131072;
-    Status st = params::get_int("COMM_SHM_CHUNK_BYTES", 4096, int64_t{1} << 30, &v);
-    if (!st.ok()) {
-      COMM_WARN(kAlg, "%s; using 131072", st.message().c_str());
-      v = 131072;
-    }
-    return static_cast<size_t>(v);
-  }();
+  static const size_t value = static_cast<size_t>(params::int_or_default("COMM_SHM_CHUNK_BYTES", log::kAlg));
   return value;
 }
 

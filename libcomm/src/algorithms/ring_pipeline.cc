@@ -21,22 +21,11 @@ struct Item {
   size_t chunk_off = 0;  // elements into the block
 };
 
-// An integer setting read once; a bad value warns and falls back to the default.
-int int_param(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  int64_t v = fallback;
-  Status st = params::get_int(name, lo, hi, &v);
-  if (!st.ok()) {
-    COMM_WARN(kAlg, "%s; using %lld", st.message().c_str(), static_cast<long long>(fallback));
-    v = fallback;
-  }
-  return static_cast<int>(v);
-}
-
 class RingRun {
  public:
   // COMM_RING_DEPTH: chunks in flight each way (receives posted ahead, sends not yet retired).
   static int depth_param() {
-    static const int d = int_param("COMM_RING_DEPTH", 2, 2, 4);
+    static const int d = static_cast<int>(params::int_or_default("COMM_RING_DEPTH", log::kAlg));
     return d;
   }
   // COMM_RING_SENDS: sends in flight to the right neighbour. A send goes out as soon as its data
@@ -44,7 +33,9 @@ class RingRun {
   // the kernel's socket buffer holds data to send while this rank waits for a CPU slice or for
   // its left neighbour: with only the chunk being worked on queued, a busy host idled the link.
   static int sends_param() {
-    static const int d = int_param("COMM_RING_SENDS", 8, 1, SendWindow::kMax);
+    // The range is the registry's (params.cc); kMax is the window's capacity, which holds it.
+    static const int d = static_cast<int>(
+        std::min<int64_t>(params::int_or_default("COMM_RING_SENDS", log::kAlg), SendWindow::kMax));
     return d;
   }
   RingRun(Context& ctx, const CollArgs& args, const RingJob& job)

@@ -21,15 +21,7 @@ namespace comm::algo {
 namespace {
 
 size_t small_msg_bytes() {
-  static const size_t value = [] {
-    int64_t v = 65536;
-    Status st = params::get_int("COMM_SMALL_MSG_BYTES", 0, INT64_MAX, &v);
-    if (!st.ok()) {
-      COMM_WARN(kAlg, "%s; using 65536", st.message().c_str());
-      v = 65536;
-    }
-    return static_cast<size_t>(v);
-  }();
+  static const size_t value = static_cast<size_t>(params::int_or_default("COMM_SMALL_MSG_BYTES", log::kAlg));
   return value;
 }
 

@@ -69,12 +69,7 @@ static size_t auto_threshold() {
 
 size_t streaming_threshold_bytes() {
   static const size_t value = [] {
-    int64_t v = -1;
-    Status st = params::get_int("COMM_SHM_STREAM_BYTES", -1, int64_t{1} << 50, &v);
-    if (!st.ok()) {
-      COMM_WARN(kAlg, "%s; using the default", st.message().c_str());
-      v = -1;
-    }
+    const int64_t v = params::int_or_default("COMM_SHM_STREAM_BYTES", log::kAlg);
     const size_t bytes = v < 0 ? auto_threshold() : static_cast<size_t>(v);
     COMM_INFO(kAlg, "shared memory: ordinary all-reduce outputs of %zu bytes and more are written with streaming "
                "stores (COMM_SHM_STREAM_BYTES=%lld, -1 = half the L3 cache)", bytes, static_cast<long long>(v));

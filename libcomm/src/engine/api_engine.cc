@@ -1,7 +1,7 @@
 // C ABI of the gradient engine: argument checks at the edge, then the Engine.
 #include "abi_guard.h"
-#include "communicator.h"
 #include "engine/engine.h"
+#include "engine_view.h"
 
 using comm::Status;
 using comm::engine::Engine;
@@ -18,9 +18,9 @@ COMM_API comm_status_t comm_engine_create(comm_t comm, const comm_engine_config_
       return comm::InvalidArgument("comm_engine_create: NULL communicator or output pointer");
     *eng = nullptr;
     comm::engine::Options opt;
-    COMM_RETURN_IF_ERROR(comm::engine::resolve_options(cfg, &opt).prefixed("rank " + std::to_string(comm->rank) + ", "));
+    COMM_RETURN_IF_ERROR(comm::engine::resolve_options(cfg, &opt).prefixed("rank " + std::to_string(comm::rank_of(comm)) + ", "));
     std::unique_ptr<Engine> impl;
-    COMM_RETURN_IF_ERROR(Engine::create(comm, opt, &impl).prefixed_at(comm->rank, "comm_engine_create"));
+    COMM_RETURN_IF_ERROR(Engine::create(comm, opt, &impl).prefixed_at(comm::rank_of(comm), "comm_engine_create"));
     *eng = new comm_engine_s{std::move(impl)};
     return Status::Ok();
   });

@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "communicator.h"
 #include "dtype.h"
 #include "engine/wire.h"
 #include "engine/messages.h"
+#include "engine_view.h"
 #include "log.h"
 
 namespace comm::engine {
@@ -23,8 +23,8 @@ Status Engine::create(comm_t comm, const Options& opt, std::unique_ptr<Engine>* 
   // bucket all-reduces on different ranks.
   COMM_RETURN_IF_ERROR(from_call(comm_dup(comm, &e->comm_), ""));
   e->parent_ = comm;
-  e->rank_ = e->comm_->rank;
-  e->size_ = e->comm_->size;
+  e->rank_ = rank_of(e->comm_);
+  e->size_ = size_of(e->comm_);
   if (opt.stream != nullptr) {
     COMM_RETURN_IF_ERROR(device::open_engine_streams(e->comm_, opt.stream, &e->dev_));
     if (e->dev_->staged())

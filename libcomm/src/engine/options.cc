@@ -34,7 +34,7 @@ Status resolve_options(const comm_engine_config_t* in, Options* out) {
   o.stream = cfg.stream;
   int64_t v = 0;
   if (cfg.bucket_cap_bytes == COMM_UNSET) {
-    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_BUCKET_CAP_BYTES", 1, INT64_MAX, &v));
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_BUCKET_CAP_BYTES", &v));
     o.bucket_cap_bytes = static_cast<size_t>(v);
     if (auto env = params::env("COMM_ENGINE_BUCKET_CAP_BYTES")) o.bucket_cap_from = "COMM_ENGINE_BUCKET_CAP_BYTES=" + *env;
   } else if (cfg.bucket_cap_bytes <= 0) {
@@ -45,7 +45,7 @@ Status resolve_options(const comm_engine_config_t* in, Options* out) {
     o.bucket_cap_from = "comm_engine_config_t.bucket_cap_bytes=" + std::to_string(cfg.bucket_cap_bytes);
   }
   if (cfg.first_bucket_bytes == COMM_UNSET) {
-    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_FIRST_BUCKET_BYTES", 1, INT64_MAX, &v));
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_FIRST_BUCKET_BYTES", &v));
     o.first_bucket_bytes = static_cast<size_t>(v);
     if (auto env = params::env("COMM_ENGINE_FIRST_BUCKET_BYTES"))
       o.first_bucket_from = "COMM_ENGINE_FIRST_BUCKET_BYTES=" + *env;
@@ -74,7 +74,7 @@ Status resolve_options(const comm_engine_config_t* in, Options* out) {
                        "kernel, which libcomm does not have; leave wire_dtype unset, or cast the gradients to that "
                        "dtype in the framework (as DDP's fp16_compress_hook does) and register them as such");
   if (cfg.partition_bytes == COMM_UNSET) {
-    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_PARTITION_BYTES", 1, INT64_MAX, &v));
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_PARTITION_BYTES", &v));
     o.partition_bytes = static_cast<size_t>(v);
   } else if (cfg.partition_bytes <= 0) {
     return InvalidArgument("comm_engine_create: partition_bytes = " + std::to_string(cfg.partition_bytes) +
@@ -83,7 +83,7 @@ Status resolve_options(const comm_engine_config_t* in, Options* out) {
     o.partition_bytes = static_cast<size_t>(cfg.partition_bytes);
   }
   if (cfg.overlap_forward == COMM_UNSET) {
-    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_OVERLAP_FORWARD", 0, 1, &v));
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_ENGINE_OVERLAP_FORWARD", &v));
     o.overlap_forward = v == 1;
   } else {
     COMM_RETURN_IF_ERROR(flag("overlap_forward", cfg.overlap_forward, &o.overlap_forward));

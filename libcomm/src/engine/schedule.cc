@@ -22,11 +22,11 @@
 #include <algorithm>
 #include <cstring>
 
-#include "communicator.h"
 #include "dtype.h"
 #include "engine/engine.h"
 #include "engine/messages.h"
 #include "engine/wire.h"
+#include "engine_view.h"
 #include "log.h"
 
 namespace comm::engine {
@@ -193,7 +193,7 @@ Status Engine::wait_comm_idle(std::unique_lock<std::mutex>& lock, const char* fn
   // the timeout. A comm_abort on the trainer's communicator (the user cannot reach ours) ends it at once.
   auto finished = [&] { return !comm_active_ || !broken_.ok(); };
   while (!cv_.wait_for(lock, std::chrono::milliseconds(20), finished)) {
-    if (parent_->aborted.load(std::memory_order_acquire)) {
+    if (aborted(parent_)) {
       lock.unlock();
       Status st = fail(Aborted(where(fn) + "the communicator the engine was created on was aborted (comm_abort)"), true);
       lock.lock();
@@ -283,7 +283,7 @@ Status Engine::wait(int index) {
   auto done = [&] { return !broken_.ok() || param_reduced(p); };
   const double t0 = now_us();
   while (!cv_.wait_for(lock, std::chrono::milliseconds(20), done)) {
-    if (parent_->aborted.load(std::memory_order_acquire)) {
+    if (aborted(parent_)) {
       lock.unlock();
       return fail(Aborted(where(fn) + "the communicator the engine was created on was aborted (comm_abort)"), true);
     }

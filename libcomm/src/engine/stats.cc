@@ -3,10 +3,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "communicator.h"
 #include "dtype.h"
 #include "engine/engine.h"
 #include "engine/messages.h"
+#include "engine_view.h"
 #include "log.h"
 
 namespace comm::engine {

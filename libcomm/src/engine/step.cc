@@ -4,12 +4,12 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "communicator.h"
 #include "dtype.h"
 #include "engine/engine.h"
 #include "engine/messages.h"
 #include "log.h"
 #include "engine/wire.h"
+#include "engine_view.h"
 
 namespace comm::engine {
 

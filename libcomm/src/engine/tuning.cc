@@ -3,19 +3,20 @@
 // (comm.cc matched those at init). API field > environment > profile > default (docs/design.md, "Precedence of settings").
 #include <cstdio>
 
-#include "communicator.h"
 #include "engine/engine.h"
+#include "engine_view.h"
 #include "log.h"
 
 namespace comm::engine {
 
 void apply_profile(comm_t comm, uint64_t total_bytes, Options* opt) {
-  if (!comm->tuning || comm->tuning->engine_entries() == 0) return;
+  const tuning::Applied* applied_profile = tuning_of(comm);
+  if (applied_profile == nullptr || applied_profile->engine_entries() == 0) return;
   const std::string total = std::to_string(total_bytes);
-  const tuning::Entry* e = comm->tuning->for_engine(total_bytes);
+  const tuning::Entry* e = applied_profile->for_engine(total_bytes);
   if (e == nullptr) {
     COMM_INFO(kInit, "rank %d, comm_engine_finalize: no tuning profile engine entry covers %s gradient bytes at %d "
-              "ranks; the engine's defaults apply", comm->rank, total.c_str(), comm->size);
+              "ranks; the engine's defaults apply", rank_of(comm), total.c_str(), size_of(comm));
     return;
   }
   const tuning::Settings& s = e->settings;
@@ -39,7 +40,7 @@ void apply_profile(comm_t comm, uint64_t total_bytes, Options* opt) {
   if (e->gain > 0) std::snprintf(gain, sizeof gain, "; comm-tune measured %.3fx the default's steps per second", e->gain);
   COMM_INFO(kInit, "rank %d, comm_engine_finalize: %s gradient bytes at %d ranks over %s: tuning profile %s %s: %s; "
             "why: the first engine entry whose range holds the model%s%s",
-            comm->rank, total.c_str(), comm->size, e->transport.c_str(), comm->tuning->profile().path.c_str(),
+            rank_of(comm), total.c_str(), size_of(comm), e->transport.c_str(), applied_profile->profile().path.c_str(),
             e->label().c_str(), applied.empty() ? "nothing applied" : applied.c_str(), gain, kept.c_str());
 }
 

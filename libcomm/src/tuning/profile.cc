@@ -1,5 +1,6 @@
 #include "tuning/profile.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include "algorithms/algorithm.h"
 #include "hash.h"
 #include "params.h"
+#include "registry.h"
 
 namespace comm::tuning {
 namespace {
@@ -68,11 +70,13 @@ class EntryParser {
     COMM_RETURN_IF_ERROR(int_field("ranks", 1, 1 << 24, true, &ranks));
     e_.ranks = static_cast<int>(ranks);
     COMM_RETURN_IF_ERROR(string_field("transport", &e_.transport));
-    // The names connect.cc's profile_transport() gives a communicator, and NCCL's settings.
-    if (e_.transport != "shm" && e_.transport != "socket" && e_.transport != "shm+socket" && e_.transport != "ucx" &&
-        e_.transport != "shm+ucx" && e_.transport != "socket+ucx" && e_.transport != "nccl")
-      return fail("transport '" + e_.transport +
-                  "' is unknown; use shm, socket, ucx, shm+socket, shm+ucx, socket+ucx or nccl (NCCL_* settings)");
+    // The names connect.cc's profile_transport() gives a communicator (the registry's), and NCCL's settings.
+    const std::vector<std::string> known = transport::profile_names();
+    if (e_.transport != "nccl" && std::find(known.begin(), known.end(), e_.transport) == known.end()) {
+      std::string list;
+      for (const auto& n : known) list += (list.empty() ? "" : ", ") + n;
+      return fail("transport '" + e_.transport + "' is unknown; use " + list + " or nccl (NCCL_* settings)");
+    }
     // NCCL reads its environment once per process: its settings cannot depend on a call.
     if (e_.is_nccl() && e_.collective != "*")
       return fail("sets NCCL's environment, which NCCL reads once per process: use collective \"*\"");
@@ -242,22 +246,29 @@ class EntryParser {
 }  // namespace
 
 const std::vector<Knob>& knobs() {
-  // Bounds are the registry's own (params.cc, the transports): a profile cannot set what the
-  // environment could not.
-  static const std::vector<Knob> table = {
-      {"algo", "COMM_ALGO", Scope::kCall, 0, 0, "the collective's algorithm (a registry name)"},
-      {"chunk_bytes", "COMM_CHUNK_BYTES", Scope::kCall, 4096, int64_t{1} << 30,
-       "pipelining chunk of the ring algorithms (shm_direct uses the smaller of it and shm_chunk_bytes)"},
-      {"shm_chunk_bytes", "COMM_SHM_CHUNK_BYTES", Scope::kCall, 4096, int64_t{1} << 30,
-       "pipelining chunk of the shared-memory direct all-reduce"},
-      {"shm_slot_bytes", "COMM_SHM_SLOT_BYTES", Scope::kCommunicator, 64, 16 << 20,
-       "shared-memory slot per rank: all-reduce up to this size goes through the slots"},
-      {"socket_nconns", "COMM_SOCKET_NCONNS", Scope::kCommunicator, 1, 8, "TCP connections per peer"},
-      {"bucket_cap_bytes", "COMM_ENGINE_BUCKET_CAP_BYTES", Scope::kEngine, 1, int64_t{1} << 40,
-       "gradient engine: bucket size limit (comm_engine_config_t.bucket_cap_bytes beats it too)"},
-      {"first_bucket_bytes", "COMM_ENGINE_FIRST_BUCKET_BYTES", Scope::kEngine, 1, int64_t{1} << 40,
-       "gradient engine: limit of the first bucket (comm_engine_config_t.first_bucket_bytes beats it too)"},
-  };
+  // Bounds are the registry's own (params.cc): a profile cannot set what the environment could not.
+  static const std::vector<Knob> table = [] {
+    std::vector<Knob> t = {
+        {"algo", "COMM_ALGO", Scope::kCall, 0, 0, "the collective's algorithm (a registry name)"},
+        {"chunk_bytes", "COMM_CHUNK_BYTES", Scope::kCall, 0, 0,
+         "pipelining chunk of the ring algorithms (shm_direct uses the smaller of it and shm_chunk_bytes)"},
+        {"shm_chunk_bytes", "COMM_SHM_CHUNK_BYTES", Scope::kCall, 0, 0,
+         "pipelining chunk of the shared-memory direct all-reduce"},
+        {"shm_slot_bytes", "COMM_SHM_SLOT_BYTES", Scope::kCommunicator, 0, 0,
+         "shared-memory slot per rank: all-reduce up to this size goes through the slots"},
+        {"socket_nconns", "COMM_SOCKET_NCONNS", Scope::kCommunicator, 0, 0, "TCP connections per peer"},
+        {"bucket_cap_bytes", "COMM_ENGINE_BUCKET_CAP_BYTES", Scope::kEngine, 0, 0,
+         "gradient engine: bucket size limit (comm_engine_config_t.bucket_cap_bytes beats it too)"},
+        {"first_bucket_bytes", "COMM_ENGINE_FIRST_BUCKET_BYTES", Scope::kEngine, 0, 0,
+         "gradient engine: limit of the first bucket (comm_engine_config_t.first_bucket_bytes beats it too)"},
+    };
+    for (auto& k : t)
+      if (const params::Param* p = params::find(k.env); p != nullptr && p->type == params::Type::kInt) {
+        k.min = p->min;
+        k.max = p->max;
+      }
+    return t;
+  }();
   return table;
 }
 

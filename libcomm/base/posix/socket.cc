@@ -1,4 +1,4 @@
-#include "socket/net.h"
+#include "posix/socket.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace comm::transport::sock {
+namespace comm::posix {
 
 Status parse_address(const std::string& text, SockAddr* out) {
   *out = SockAddr{};
@@ -87,4 +87,4 @@ void set_nodelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-}  // namespace comm::transport::sock
+}  // namespace comm::posix

@@ -22,14 +22,13 @@
 #include <vector>
 
 #include "crypto/sha256.h"
-#include "interfaces.h"
 #include "log.h"
-#include "socket/net.h"
+#include "posix/socket.h"
 
 namespace comm {
 namespace {
 
-using transport::sock::Fd;
+using posix::Fd;
 
 constexpr char kAsk[8] = {'C', 'O', 'M', 'M', 'V', 'R', 'D', '1'};
 constexpr size_t kAskBytes = sizeof kAsk + 64;
@@ -91,7 +90,7 @@ struct VerdictServer::Impl {
     if (hook == "stall") return false;  // test hook: hold every child until comm_init ends
     if (std::memcmp(c.ask.data(), kAsk, sizeof kAsk) != 0 || c.ask.compare(sizeof kAsk, 64, digest) != 0) {
       COMM_INFO(kInit, "rank %d: init tree: a request for another verdict, or not one, from %s: closed", rank,
-                transport::sock::peer_address(c.fd.get()).c_str());
+                posix::peer_address(c.fd.get()).c_str());
       return true;
     }
     std::string reply(8, '\0');
@@ -150,20 +149,18 @@ struct VerdictServer::Impl {
 
 VerdictServer::VerdictServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Status VerdictServer::start(int rank, bool guess_local, const std::string& hook, std::unique_ptr<VerdictServer>* out) {
+Status VerdictServer::start(int rank, const std::string& host, int family, bool guess_local, const std::string& hook,
+                            std::unique_ptr<VerdictServer>* out) {
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
   impl->hook = hook;
-  topology::Interface itf;
-  std::string why;
-  transport::sock::SockAddr bound;
-  COMM_RETURN_IF_ERROR(topology::choose_socket_interface(guess_local, &itf, &why));
-  COMM_RETURN_IF_ERROR(transport::sock::listen_on(itf.address, itf.family, 64, &impl->listener, &bound));
+  posix::SockAddr bound;
+  COMM_RETURN_IF_ERROR(posix::listen_on(host, family, 64, &impl->listener, &bound));
   int p[2];
   if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) return SystemError("pipe2() failed: " + errno_string(errno));
   impl->wake_read.reset(p[0]);
   impl->wake_write.reset(p[1]);
-  impl->address = std::string(1, guess_local ? 'L' : 'R') + transport::sock::format_address(bound);
+  impl->address = std::string(1, guess_local ? 'L' : 'R') + posix::format_address(bound);
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->run(); });
   out->reset(new VerdictServer(std::move(impl)));
@@ -195,8 +192,8 @@ Status fetch_verdict(const std::string& tagged_addr, bool same_host, const std::
   const size_t space = digest.find(' ');
   if (space != 64) return Internal("malformed digest key '" + digest + "'");
   const uint64_t want = std::strtoull(digest.c_str() + space + 1, nullptr, 10);
-  transport::sock::SockAddr addr;
-  COMM_RETURN_IF_ERROR(transport::sock::parse_address(tagged_addr.substr(1), &addr));
+  posix::SockAddr addr;
+  COMM_RETURN_IF_ERROR(posix::parse_address(tagged_addr.substr(1), &addr));
   Fd fd(::socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return SystemError("socket() failed: " + errno_string(errno));
   if (::connect(fd.get(), addr.get(), addr.len) != 0) {

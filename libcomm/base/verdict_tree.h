@@ -29,9 +29,11 @@ std::string verdict_digest(const std::string& verdict);
 // rank has the verdict (publish), until destroyed (the end of comm_init).
 class VerdictServer {
  public:
-  // Listens on the interface for the guess (every rank on this host or not) and starts the
-  // thread. `hook` is COMM_TEST_INIT_TREE's action for this rank ("" none, "corrupt", "stall").
-  static Status start(int rank, bool guess_local, const std::string& hook, std::unique_ptr<VerdictServer>* out);
+  // Listens on `host` (numeric, of `family`: the caller's choice of interface for the guess,
+  // every rank on this host or not, which tags the address) and starts the thread. `hook` is
+  // COMM_TEST_INIT_TREE's action for this rank ("" none, "corrupt", "stall").
+  static Status start(int rank, const std::string& host, int family, bool guess_local, const std::string& hook,
+                      std::unique_ptr<VerdictServer>* out);
   ~VerdictServer();
   // "L|R<host:port>": tagged like the early listener's address, so a child on another host
   // does not dial a loopback address.
