@@ -25,18 +25,11 @@ import time
 
 import numpy as np
 
+from start_gate import wait_for_every_rank
+
 TIMEOUT_MS = 4000
 SLACK_S = 20
 
-
-def wait_for_every_rank(rank, size):
-    """Every rank has started (and imported what it needs) before any calls init: the short
-    timeout also bounds init, and on a busy host one process can start seconds after another."""
-    gate = os.environ["TEST_START_GATE"]
-    open(os.path.join(gate, f"ready-{rank}"), "w").close()
-    deadline = time.monotonic() + 120
-    while len(os.listdir(gate)) < size and time.monotonic() < deadline:
-        time.sleep(0.01)
 SIZES = [3, 5000, 1, 20000, 0, 257, 4096, 700, 9000]
 
 

@@ -68,13 +68,8 @@ import torch.distributed.distributed_c10d as c10d  # noqa: E402
 if os.environ.get("LIBCOMM_SUITE_BACKEND") == "libcomm":
     if str(_ROOT / "python") not in sys.path:
         sys.path.insert(0, str(_ROOT / "python"))
-    try:
-        import libcomm.torch_backend as _tb
-    except ImportError as e:
-        if "not built" not in str(e):
-            raise
-        print(f"SKIP: {e}")
-        sys.exit(77)
+    import torch_backend_or_skip  # noqa: F401  (exits 77, meson's SKIP, when the extension was not built)
+    import libcomm.torch_backend as _tb
 
     def _libcomm_for_gloo(store, rank, size, timeout=c10d.default_pg_timeout):
         return _tb.create_process_group(store, rank, size, timeout, profiling_name="gloo")
