@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string value(p + at + h.key_len, h.value_len);
     at += body;
     if (h.op == Op::kHello) {
-      FUZZ_CHECK(value.size() == 4);
+      FUZZ_CHECK(value.size() == 4 || value.size() == 8);  // the version, then (COMM_TLS) the flags
       (void)get_u32(value.data());
     }
     if (h.op == Op::kProof) FUZZ_CHECK(key.empty() && value.size() == comm::kDigestBytes);
