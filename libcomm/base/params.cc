@@ -158,7 +158,7 @@ const std::vector<Param>& all() {
       {"COMM_TEST_INIT_TREE", Type::kString, "",
        "tests only, a hook in comm_init: corrupt:RANK, stall:RANK or exit:RANK makes that rank's answer to its "
        "children in the init verdict's tree wrong, or never come, or the rank exit after joining "
-       "(tests/test_init_tree.sh)",
+       "(tests/core/test_init_tree.sh)",
        nullptr},
       {"COMM_TEST_WIRE", Type::kString, "", "unit tests: run the algorithm sweeps over this transport (e.g. ucx)",
        nullptr},

@@ -238,7 +238,7 @@ std::string local_transport_unavailable(const std::string& forced, const std::ve
   return "";
 }
 
-// COMM_TEST_INIT_TREE=ACTION:RANK, a test hook (tests/test_init_tree.sh): that rank's verdict
+// COMM_TEST_INIT_TREE=ACTION:RANK, a test hook (tests/core/test_init_tree.sh): that rank's verdict
 // server answers with one byte flipped ("corrupt") or never ("stall"), or the rank exits
 // right after its init contribution ("exit"; checked in agree). "" for every other rank.
 Status test_tree_hook(int rank, std::string* action) {

@@ -9,7 +9,7 @@
 
 #include <unistd.h>
 
-#include "../env_guard.h"
+#include "../support/env_guard.h"
 #include "harness.h"
 #include "probe.h"
 

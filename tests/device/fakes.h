@@ -9,7 +9,7 @@
 #include <string>
 
 #include "comm/comm.h"
-#include "../env_guard.h"
+#include "../support/env_guard.h"
 
 namespace devtest {
 

@@ -1,4 +1,4 @@
-// What the store's tests share (tests/test_store.cc, tests/test_store_admission.cc): servers and
+// What the store's tests share (tests/base/test_store.cc, tests/base/test_store_admission.cc): servers and
 // clients on 127.0.0.1, raw sockets that speak garbage or nothing, the server's log captured.
 #pragma once
 

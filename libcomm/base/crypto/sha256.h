@@ -1,7 +1,7 @@
 // SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104) for proving a shared secret (COMM_AUTH_TOKEN,
 // the job secret) and the init verdict's digest: thin wrappers over OpenSSL's libcrypto, which
 // every supported host has and which has FIPS-validated builds; we ship no crypto of our own.
-// Tests: tests/test_sha256.cc (FIPS 180-4's examples, RFC 4231's vectors).
+// Tests: tests/base/test_sha256.cc (FIPS 180-4's examples, RFC 4231's vectors).
 #pragma once
 
 #include <array>

@@ -42,7 +42,7 @@ struct Config {
 // ("store", "socket") makes the store's key and the data path's key different.
 std::string psk_from_secret(const std::string& secret, const std::string& context);
 // The data path's context, for the core (which never spells a transport's name,
-// tests/test_layers.py): the PSK label the socket transport's connections have always used.
+// tests/project/test_layers.py): the PSK label the socket transport's connections have always used.
 inline constexpr const char* kDataPathContext = "socket";
 
 // COMM_TLS (0 or 1).

@@ -9,7 +9,7 @@
 # Usage: test_init_burst.sh PATH/TO/init-scale
 set -uo pipefail
 DRIVER=${1:?usage: test_init_burst.sh PATH/TO/init-scale}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 N=${INIT_BURST_RANKS:-256}
 out=$(DRIVER=$DRIVER LIMIT=256 LIMIT_REST=64 TIMEOUT_S=240 "$ROOT/bench/init_burst.sh" "$N" 2>&1)
 rc=$?

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "env_guard.h"
+#include "support/env_guard.h"
 #include "support/loaded_host.h"
 #include "support/shm_fabric.h"
 #include "support/transport_test.h"

@@ -10,7 +10,7 @@
 #include "tuning/apply.h"
 #include "tuning/nccl_settings.h"
 #include "tuning/profile.h"
-#include "env_guard.h"
+#include "support/env_guard.h"
 
 using comm::transport::CollKind;
 using namespace comm::tuning;

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Floors include only downwards (docs/design.md, "The floors").
 
-    tests/test_layers.py [ROOT]              check the tree; exit 1 naming each wrong include
-    tests/test_layers.py --self-test [ROOT]  plant wrong includes in a copy; exit 1 unless each is caught
+    tests/project/test_layers.py [ROOT]              check the tree; exit 1 naming each wrong include
+    tests/project/test_layers.py --self-test [ROOT]  plant wrong includes in a copy; exit 1 unless each is caught
 
 The floors, lowest first: the ABI (libcomm/include), base (libcomm/base), transports and
 topology (side by side: neither includes the other), the core (libcomm/src), the engine
@@ -225,7 +225,7 @@ def self_test(root):
 
 def main(argv):
     args = [a for a in argv if not a.startswith("--")]
-    root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), ".."))
+    root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), "..", ".."))
     if "--self-test" in argv:
         return self_test(root)
     problems = check(root)

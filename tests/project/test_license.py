@@ -22,7 +22,7 @@ def main(source):
         return "meson.build's project() declares no license"
     spdx = m.group(1)
     if spdx not in OPENINGS:
-        return f"meson.build declares {spdx!r}: add its opening words to tests/test_license.py"
+        return f"meson.build declares {spdx!r}: add its opening words to tests/project/test_license.py"
     path = os.path.join(source, "LICENSE")
     if not os.path.exists(path):
         return f"meson.build declares {spdx} but there is no LICENSE file"

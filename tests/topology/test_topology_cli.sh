@@ -5,7 +5,7 @@ set -uo pipefail
 
 COMM_TOPO=${1:?usage: test_topology_cli.sh PATH/TO/comm-topo}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-FIXTURES=${COMM_FIXTURES_DIR:-$HERE/fixtures}  # real machine exports (tests/fixtures/README.md)
+FIXTURES=${COMM_FIXTURES_DIR:-$HERE/../fixtures}  # real machine exports (tests/fixtures/README.md)
 fail=0
 check() {  # description, command...
   local what=$1

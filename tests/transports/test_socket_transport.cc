@@ -26,7 +26,7 @@
 #include "socket/wire.h"
 #include "crypto/proof.h"
 #include "transport.h"
-#include "env_guard.h"
+#include "support/env_guard.h"
 #include "support/loaded_host.h"
 #include "support/transport_test.h"
 #include "support/tcp_relay.h"
