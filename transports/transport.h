@@ -167,8 +167,14 @@ class Transport {
 
   // Post a send/receive of `bytes` bytes to/from `peer` (!= rank). Buffers must stay valid
   // until the request completes. Requests come from a preallocated pool (no hot-path malloc).
-  virtual Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) = 0;
-  virtual Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) = 0;
+  // The entry checks are made here, once for every transport (checked_post below); the
+  // transport's post_request() only queues and starts what passed them.
+  Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) {
+    return checked_post(Post{true, peer, tag, static_cast<char*>(const_cast<void*>(buf)), bytes}, id);
+  }
+  Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) {
+    return checked_post(Post{false, peer, tag, static_cast<char*>(buf), bytes}, id);
+  }
 
   // Drive progress until every listed request completes. Fails with TIMEOUT when no byte
   // moves for timeout_ms (naming the peer waited on), REMOTE when a peer died or reported an
@@ -231,6 +237,23 @@ class Transport {
 
  protected:
   explicit Transport(Options options) : options_(std::move(options)) {}
+
+  // One send or receive as isend/irecv received it, after their checks.
+  struct Post {
+    bool is_send;
+    int peer;
+    OpTag tag;
+    char* buf;  // a send's bytes are only read
+    size_t bytes;
+  };
+  // The transport's part of a post: fail if the transport has failed or was aborted (its own
+  // state, read under its own lock), take a request from its pool, queue it on `call.peer`'s
+  // connection or queue, start it where it can (eager sends), set *id.
+  virtual Status post_request(const Post& call, RequestId* id) = 0;
+  // Whether this transport carries messages between this rank and `peer`, and how a refusal
+  // says what it carries: any other rank by default; shared memory only this host's.
+  virtual bool reaches(int peer) const { return peer >= 0 && peer < size() && peer != rank(); }
+  virtual const char* reach_rule() const { return "another rank"; }
   // Records that a wait ended with `failure` while `peer` had not finished `tag` (call once
   // per unfinished peer); only the first failed wait is kept, as the transport stays failed.
   void note_awaited(const Status& failure, int peer, const OpTag& tag) {
@@ -251,6 +274,20 @@ class Transport {
   Options options_;
 
  private:
+  // The arguments' checks every transport made for itself before (the transport's own state is
+  // post_request's first check).
+  Status checked_post(const Post& call, RequestId* id) {
+    if (id == nullptr) return InvalidArgument(std::string(name()) + " transport: null request id pointer");
+    if (!reaches(call.peer))
+      return InvalidArgument(std::string(name()) + " transport: peer " + std::to_string(call.peer) + " is not " +
+                             reach_rule() + " (size " + std::to_string(size()) + ", this rank " +
+                             std::to_string(rank()) + ")");
+    if (call.buf == nullptr && call.bytes > 0)
+      return InvalidArgument(std::string(name()) + " transport: null buffer for " + std::to_string(call.bytes) +
+                             " bytes");
+    return post_request(call, id);
+  }
+
   WaitFailure wait_failure_;
   bool wait_failure_sealed_ = false;
   // Atomic: the socket transport's progress thread may set it while the routed transport reads

@@ -51,12 +51,6 @@ InprocTransport::InprocTransport(std::shared_ptr<InprocFabric> fabric, transport
   requests_.reserve(64);
 }
 
-Status InprocTransport::check_peer(int peer) const {
-  if (peer < 0 || peer >= size() || peer == rank())
-    return InvalidArgument("inproc: rank " + std::to_string(rank()) + " cannot talk to peer " + std::to_string(peer));
-  return Status::Ok();
-}
-
 Status InprocTransport::alloc(transport::RequestId* id) {
   if (free_.empty()) {
     requests_.emplace_back();
@@ -82,34 +76,27 @@ Status InprocTransport::fail(Status st) {
   return failed_;
 }
 
-Status InprocTransport::isend(int peer, const transport::OpTag& tag, const void* buf, size_t bytes,
-                              transport::RequestId* id) {
+Status InprocTransport::post_request(const Post& call, transport::RequestId* id) {
   if (aborted_.load()) return Aborted("inproc: transport aborted");
   if (!failed_.ok()) return failed_;
-  COMM_RETURN_IF_ERROR(check_peer(peer));
+  const auto [is_send, peer, tag, buf, bytes] = call;
   COMM_RETURN_IF_ERROR(alloc(id));
+  if (!is_send) {
+    Request& r = requests_[*id];
+    r.is_recv = true;
+    r.peer = peer;
+    r.tag = tag;
+    r.buf = buf;
+    r.bytes = bytes;
+    posted_[peer].push_back(*id);
+    return Status::Ok();
+  }
   InprocFabric::Message m;
   m.tag = tag;
   m.data.resize(bytes);
   if (bytes > 0) std::memcpy(m.data.data(), buf, bytes);
   fabric_->push(rank(), peer, std::move(m));
   requests_[*id].done = true;
-  return Status::Ok();
-}
-
-Status InprocTransport::irecv(int peer, const transport::OpTag& tag, void* buf, size_t bytes,
-                              transport::RequestId* id) {
-  if (aborted_.load()) return Aborted("inproc: transport aborted");
-  if (!failed_.ok()) return failed_;
-  COMM_RETURN_IF_ERROR(check_peer(peer));
-  COMM_RETURN_IF_ERROR(alloc(id));
-  Request& r = requests_[*id];
-  r.is_recv = true;
-  r.peer = peer;
-  r.tag = tag;
-  r.buf = buf;
-  r.bytes = bytes;
-  posted_[peer].push_back(*id);
   return Status::Ok();
 }
 

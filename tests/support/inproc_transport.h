@@ -48,8 +48,6 @@ class InprocTransport final : public transport::Transport {
   InprocTransport(std::shared_ptr<InprocFabric> fabric, transport::Options options);
 
   const char* name() const override { return "inproc"; }
-  Status isend(int peer, const transport::OpTag& tag, const void* buf, size_t bytes, transport::RequestId* id) override;
-  Status irecv(int peer, const transport::OpTag& tag, void* buf, size_t bytes, transport::RequestId* id) override;
   Status wait(const transport::RequestId* ids, size_t n) override;
   Status test(transport::RequestId id, bool* done) override;
   void notify_peers(const Status&) override {}
@@ -70,7 +68,8 @@ class InprocTransport final : public transport::Transport {
     size_t bytes = 0;
   };
 
-  Status check_peer(int peer) const;
+  // transport.h checked the arguments: a send copies and completes, a receive queues.
+  Status post_request(const Post& call, transport::RequestId* id) override;
   Status alloc(transport::RequestId* id);
   void release(transport::RequestId id);
   // Completes the oldest posted receive from `peer` with the next message (blocking).

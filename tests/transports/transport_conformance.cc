@@ -437,6 +437,11 @@ CONFORMANCE_CASE("bad arguments are INVALID_ARGUMENT and leave the transport usa
   CHECK(w[0].isend(0, tag(1), nullptr, 0, &id).code() == COMM_ERR_INVALID_ARGUMENT);  // itself
   CHECK(w[0].isend(past_last, tag(1), nullptr, 0, &id).code() == COMM_ERR_INVALID_ARGUMENT);
   CHECK(w[0].irecv(1, tag(1), nullptr, 8, &id).code() == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(w[0].isend(1, tag(1), nullptr, 0, nullptr).code() == COMM_ERR_INVALID_ARGUMENT);
+  // The words come from transport.h's one check, naming the transport and the peer.
+  const std::string why = w[0].isend(past_last, tag(1), nullptr, 0, &id).message();
+  CHECK_THAT(why, Catch::Contains(std::string(w[0].name()) + " transport: peer " + std::to_string(past_last) +
+                                  " is not another rank"));
   const RequestId never_issued = 12345;
   bool done = false;
   CHECK(w[0].test(never_issued, &done).code() == COMM_ERR_INVALID_ARGUMENT);

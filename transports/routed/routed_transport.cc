@@ -34,13 +34,6 @@ class RoutedTransport final : public Transport {
   const char* name() const override { return name_.c_str(); }
   LocalAccess* local() override { return near_->local(); }
 
-  Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {
-    return post(true, peer, tag, const_cast<void*>(buf), bytes, id);
-  }
-  Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) override {
-    return post(false, peer, tag, buf, bytes, id);
-  }
-
   Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
 
@@ -104,12 +97,10 @@ class RoutedTransport final : public Transport {
     return failed_;
   }
 
-  Status post(bool is_send, int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) {
+  // After transport.h's checks; the side's own isend/irecv checks what it carries.
+  Status post_request(const Post& call, RequestId* id) override {
     COMM_RETURN_IF_ERROR(failed_);
-    if (id == nullptr) return InvalidArgument("routed transport: null request id pointer");
-    if (peer < 0 || peer >= size() || peer == rank())
-      return InvalidArgument("routed transport: peer " + std::to_string(peer) + " is not another rank (size " +
-                             std::to_string(size()) + ")");
+    const auto [is_send, peer, tag, buf, bytes] = call;
     if (free_head_ == kNil)
       return Internal("routed transport: all " + std::to_string(kPoolSize) + " request slots are in use");
     const uint32_t index = free_head_;

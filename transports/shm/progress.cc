@@ -45,16 +45,10 @@ uint32_t ShmTransport::pop(Queue& q) {
   return index;
 }
 
-Status ShmTransport::post_request(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes,
-                                  RequestId* id) {
+Status ShmTransport::post_request(const Post& call, RequestId* id) {
   COMM_RETURN_IF_ERROR(usable());
-  if (id == nullptr) return InvalidArgument("shm transport: null request id pointer");
+  const auto [is_send, peer, tag, buf, bytes] = call;
   const int i = local_of(peer);
-  if (peer == rank() || i < 0)
-    return InvalidArgument("shm transport: peer " + std::to_string(peer) + " is not another rank on this host (rank " +
-                           std::to_string(rank()) + ")");
-  if (buf == nullptr && bytes > 0)
-    return InvalidArgument("shm transport: null buffer for " + std::to_string(bytes) + " bytes");
   uint32_t index;
   COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
   Request& r = pool_[index];

@@ -84,12 +84,6 @@ class ShmTransport final : public Transport, public LocalAccess {
 
   // ---- Transport
   const char* name() const override { return "shm"; }
-  Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {
-    return post_request(true, peer, tag, static_cast<char*>(const_cast<void*>(buf)), bytes, id);
-  }
-  Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) override {
-    return post_request(false, peer, tag, static_cast<char*>(buf), bytes, id);
-  }
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;
   Status wait_some(const RequestId* ids, size_t n) override;
@@ -161,7 +155,9 @@ class ShmTransport final : public Transport, public LocalAccess {
   std::string who(int i) const { return "rank " + std::to_string(peers_[static_cast<size_t>(i)].rank); }
 
   // ---- requests and channels (progress.cc)
-  Status post_request(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
+  Status post_request(const Post& call, RequestId* id) override;  // after transport.h's checks
+  bool reaches(int peer) const override { return peer != rank() && local_of(peer) >= 0; }
+  const char* reach_rule() const override { return "another rank on this host"; }
   void release(uint32_t index) {
     if (pool_.release(index)) --active_;
   }

@@ -86,15 +86,10 @@ PartLink SocketTransport::pop(PartQueue& q) {
   return link;
 }
 
-Status SocketTransport::post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id) {
+Status SocketTransport::post_request(const Post& call, RequestId* id) {
   Entry entry(*this);
   COMM_RETURN_IF_ERROR(usable());
-  if (id == nullptr) return InvalidArgument("socket transport: null request id pointer");
-  if (peer < 0 || peer >= size() || peer == rank())
-    return InvalidArgument("socket transport: peer " + std::to_string(peer) + " is not another rank (size " +
-                           std::to_string(size()) + ", this rank " + std::to_string(rank()) + ")");
-  if (buf == nullptr && bytes > 0)
-    return InvalidArgument("socket transport: null buffer for " + std::to_string(bytes) + " bytes");
+  const auto [is_send, peer, tag, buf, bytes] = call;
   uint32_t index;
   COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
   Request& r = pool_[index];

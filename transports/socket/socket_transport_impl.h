@@ -41,12 +41,6 @@ class SocketTransport final : public Transport {
 
   const char* name() const override { return "socket"; }
 
-  Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {
-    return post(true, peer, tag, static_cast<char*>(const_cast<void*>(buf)), bytes, id);
-  }
-  Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) override {
-    return post(false, peer, tag, static_cast<char*>(buf), bytes, id);
-  }
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;
   Status wait_some(const RequestId* ids, size_t n) override;
@@ -64,7 +58,7 @@ class SocketTransport final : public Transport {
   // from poll() costs latency, but every microsecond spun is taken from a trainer computing on
   // the same cores.
   std::chrono::microseconds spin_{0};
-  Status post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
+  Status post_request(const Post& call, RequestId* id) override;  // after transport.h's checks
 
   // ---- the progress thread (progress_thread.cc) ----
   // Every entry point (post, wait, test, check_idle, notify_peers) holds an Entry: the lock on

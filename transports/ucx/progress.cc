@@ -118,14 +118,9 @@ Status UcxTransport::start(Part& part, bool is_send, ucp_ep_h ep, void* buf, siz
   return Status::Ok();
 }
 
-Status UcxTransport::post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id) {
+Status UcxTransport::post_request(const Post& call, RequestId* id) {
   COMM_RETURN_IF_ERROR(usable());
-  if (id == nullptr) return InvalidArgument("UCX transport: null request id pointer");
-  if (peer < 0 || peer >= size() || peer == rank())
-    return InvalidArgument("UCX transport: peer " + std::to_string(peer) + " is not another rank (size " +
-                           std::to_string(size()) + ", this rank " + std::to_string(rank()) + ")");
-  if (buf == nullptr && bytes > 0)
-    return InvalidArgument("UCX transport: null buffer for " + std::to_string(bytes) + " bytes");
+  const auto [is_send, peer, tag, buf, bytes] = call;
   uint32_t index;
   COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
   Request& r = pool_[index];

@@ -112,12 +112,6 @@ class UcxTransport final : public Transport {
   Status connect_peer(int r, const Deadline& deadline);
 
   const char* name() const override { return "ucx"; }
-  Status isend(int peer, const OpTag& tag, const void* buf, size_t bytes, RequestId* id) override {
-    return post(true, peer, tag, static_cast<char*>(const_cast<void*>(buf)), bytes, id);
-  }
-  Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) override {
-    return post(false, peer, tag, static_cast<char*>(buf), bytes, id);
-  }
   Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
   Status test(RequestId id, bool* done) override;
@@ -134,7 +128,7 @@ class UcxTransport final : public Transport {
 
  private:
   Status connect_all(const Deadline& deadline);
-  Status post(bool is_send, int peer, const OpTag& tag, char* buf, size_t bytes, RequestId* id);
+  Status post_request(const Post& call, RequestId* id) override;  // after transport.h's checks
   Status start(Part& part, bool is_send, ucp_ep_h ep, void* buf, size_t bytes, uint64_t tag);
   Status drive(const RequestId* ids, size_t n, bool any);
   Status check(Request& r);        // a finished request: statuses, then the header against the posted call
