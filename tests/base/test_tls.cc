@@ -534,6 +534,30 @@ TEST_CASE("a relay between a rank and a TLS store sees no key, no value, no toke
   for (size_t at : {size_t{0}, big.size() / 2, big.size() - 16}) CHECK(wire.find(big.substr(at, 16)) == std::string::npos);
 }
 
+// A rank 0 busy with a burst may take seconds to answer a ClientHello (issue 28: 200 ranks on two
+// busy cores). The client's TLS handshake has the connect's whole deadline, like its greeting: it
+// once had 1 s (Deadline::remaining_ms()'s default cap), and after a good token proof took that
+// timeout as final, so ranks failed with "TLS handshake: no answer in time".
+TEST_CASE("a TLS store slow to answer the ClientHello still lets a client with a token in", "[store][tls]") {
+  const std::string token = "store-tls-token-slow-rank0";
+  std::shared_ptr<Store> server;
+  REQUIRE(make_tcp_store(store_options(true, 0, token, store_tls(token)), &server).ok());
+  sockaddr_in target = loopback(tcp_store_port(*server));
+  TcpRelay relay(reinterpret_cast<sockaddr*>(&target), sizeof target);
+  relay.hold_first_tls_answer(2500);
+  TcpStoreOptions o = store_options(false, relay.port(), token, store_tls(token));
+  o.timeout_ms = 60000;
+  std::shared_ptr<Store> client;
+  Status st = make_tcp_store(o, &client);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(relay.connections() == 1);  // in on its first connection: nothing was given up
+  REQUIRE(client->set("k", "v").ok());
+  std::string got;
+  REQUIRE(server->get("k", &got, Deadline::after_ms(60000)).ok());
+  CHECK(got == "v");
+}
+
 TEST_CASE("a store and a client that disagree on COMM_TLS refuse each other, naming it", "[store][tls]") {
   const std::string token = "store-tls-token";
   for (bool server_tls : {true, false}) {

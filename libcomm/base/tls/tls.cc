@@ -271,8 +271,11 @@ Step Session::handshake() {
   std::string detail = openssl_errors();
   if (err == SSL_ERROR_SYSCALL || err == SSL_ERROR_ZERO_RETURN || detail.empty())
     detail = saved != 0 ? errno_string(saved) : "the peer closed the connection";
+  // A certificate's verdict, where one was checked: with a PSK, or before the peer's certificate
+  // came, OpenSSL reports X509_V_ERR_UNSPECIFIED, which named a certificate where none was.
   const long verify = SSL_get_verify_result(ssl_);
-  if (verify != X509_V_OK) detail += " (" + std::string(X509_verify_cert_error_string(verify)) + ")";
+  if (!ctx_->uses_psk() && verify != X509_V_OK && verify != X509_V_ERR_UNSPECIFIED)
+    detail += " (" + std::string(X509_verify_cert_error_string(verify)) + ")";
   why_ = "TLS handshake failed: " + detail;
   return Step::kFailed;
 }
