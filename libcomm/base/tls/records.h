@@ -41,7 +41,7 @@ class Records {
   // the same byte. A record sent in part is finished first at the next call and counted then.
   ssize_t read(void* buf, size_t n);
   ssize_t writev(const iovec* iov, int n);
-  bool pending() const { return plain_off_ < plain_.size() || whole_record_held(); }
+  bool pending() const { return plain_off_ < plain_len_ || whole_record_held(); }
   const std::string& why() const { return why_; }
 
   // After this many records under one key the sender updates it (tests lower it).
@@ -67,14 +67,16 @@ class Records {
   std::string why_;
   // Sending: sealed records not yet taken by the kernel. Only the first may have gone in part
   // (out_sent_ of its bytes); owed_ is its plaintext length, counted once it is all out.
-  std::vector<uint8_t> out_;
+  std::vector<uint8_t> out_;  // its first out_len_ bytes
+  size_t out_len_ = 0;
   size_t out_sent_ = 0;
   size_t owed_ = 0;
   bool key_update_due_ = false;
   // Receiving: what recv(2) read, from in_off_; an opened record's plaintext not yet handed out.
   std::vector<uint8_t> in_;
   size_t in_off_ = 0, in_len_ = 0;
-  std::vector<uint8_t> plain_;
+  std::vector<uint8_t> plain_;  // its first plain_len_ bytes
+  size_t plain_len_ = 0;
   size_t plain_off_ = 0;
 };
 
