@@ -10,6 +10,8 @@
 #   TOKEN= BUSY=2 bench/init_burst.sh 512    # no token, two busy loops
 #   LIMIT_REST=64 bench/init_burst.sh 512    # ranks but 0 under ulimit -n 64: their peak fits in 64
 #   FLOOD=300 bench/init_burst.sh 256        # 300 connections that never say hello, during the burst
+#   PAUSE0=6 bench/init_burst.sh 96          # rank 0 stopped (SIGSTOP) 6 times for PAUSE0_S=1.5 s, 0.3 s
+#                                            # apart, from its start: a rank 0 the scheduler leaves waiting
 #
 # BUILD: the build directory; TIMEOUT_S: per size (default 600), also each rank's COMM_TIMEOUT_MS;
 # LATER: later 8 B all-reduces timed (default 2). CSV/LABEL as in bench/init_scale.sh.
@@ -36,7 +38,7 @@ for ((i = 0; i < ${BUSY:-0}; i++)); do
 done
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-echo "# ranks started at once by a shell loop; ulimit -n $LIMIT (ranks but 0: $LIMIT_REST); token: $([[ -n $TOKEN ]] && echo set || echo none); busy loops: ${BUSY:-0}; flood: ${FLOOD:-0}"
+echo "# ranks started at once by a shell loop; ulimit -n $LIMIT (ranks but 0: $LIMIT_REST); token: $([[ -n $TOKEN ]] && echo set || echo none); busy loops: ${BUSY:-0}; flood: ${FLOOD:-0}; rank 0 paused: ${PAUSE0:-0}x${PAUSE0_S:-1.5}s"
 echo " ranks  limit  wall_s   init_s   barr_s first8_ms later8_ms   1MiB_s fds_init(r0/rest) fds_end  rss_MB store(init/end) fds_pre"
 failed=0
 for n in $SIZES; do
@@ -56,8 +58,29 @@ for n in $SIZES; do
       timeout "$TIMEOUT_S" bash -c "ulimit -n $lim && exec \"$DRIVER\" ${LATER:-2}" >"$out/$n.$r.txt" 2>&1 &
     pids+=($!)
   done
+  pause_pid=""
+  if [[ -n ${PAUSE0:-} ]]; then
+    # Rank 0 is the child of its `timeout` (bash execs the driver): stop and continue it.
+    (
+      r0=""
+      for ((t = 0; t < 100; t++)); do
+        r0=$(pgrep -P "${pids[0]}" | head -1) && break
+        sleep 0.05
+      done
+      [[ -n $r0 ]] || exit 0
+      for ((k = 0; k < PAUSE0; k++)); do
+        sleep 0.3
+        kill -STOP "$r0" 2>/dev/null || break
+        sleep "${PAUSE0_S:-1.5}"
+        kill -CONT "$r0" 2>/dev/null || break
+      done
+    ) &
+    pause_pid=$!
+    helpers+=("$pause_pid")
+  fi
   rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  [[ -n $pause_pid ]] && { wait "$pause_pid" 2>/dev/null || true; }
   wall=$(python3 -c "import time; print(f'{time.time() - $start:.1f}')")
   [[ -n $flood_pid ]] && { kill "$flood_pid" 2>/dev/null; wait "$flood_pid" 2>/dev/null || true; }
   cat "$out/$n".*.txt >"$out/$n.txt"

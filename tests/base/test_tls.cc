@@ -30,6 +30,7 @@
 #include "store/store.h"
 #include "support/tcp_relay.h"
 #include "support/transport_test.h"
+#include "tls/records.h"
 #include "tls/tls.h"
 #include "transport.h"
 
@@ -298,6 +299,124 @@ TEST_CASE("a TLS session with the same key carries bytes both ways, as records",
   CHECK(n == 0);
 }
 
+namespace {
+
+// Both ways at once until each end has `bytes` from the other (or 20 s went by).
+void exchange_both_ways(tls::Session& x, tls::Session& y, size_t bytes) {
+  const std::vector<uint8_t> out = payload(bytes);
+  std::vector<uint8_t> in_x(bytes), in_y(bytes);
+  size_t sent_x = 0, sent_y = 0, got_x = 0, got_y = 0;
+  auto step = [&](tls::Session& s, size_t* sent, std::vector<uint8_t>& in, size_t* got) {
+    if (*sent < out.size()) {
+      iovec iov{const_cast<uint8_t*>(out.data()) + *sent, out.size() - *sent};
+      ssize_t n = s.writev(&iov, 1);
+      if (n > 0) *sent += static_cast<size_t>(n);
+      else REQUIRE(errno == EAGAIN);
+    }
+    if (*got == in.size()) return;
+    ssize_t n = s.read(in.data() + *got, in.size() - *got);
+    INFO(s.why());
+    if (n > 0) *got += static_cast<size_t>(n);
+    else REQUIRE((n < 0 && errno == EAGAIN));
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((got_x < bytes || got_y < bytes) && std::chrono::steady_clock::now() < until) {
+    step(x, &sent_x, in_x, &got_x);
+    step(y, &sent_y, in_y, &got_y);
+  }
+  REQUIRE(got_x == bytes);
+  REQUIRE(got_y == bytes);
+  CHECK(in_x == out);
+  CHECK(in_y == out);
+}
+
+struct RecordsPerKey {
+  explicit RecordsPerKey(uint64_t n) : saved(tls::Records::records_per_key) { tls::Records::records_per_key = n; }
+  ~RecordsPerKey() { tls::Records::records_per_key = saved; }
+  uint64_t saved;
+};
+
+}  // namespace
+
+// libcomm seals and opens the records itself where the kernel has no TLS (tls/records.h): OpenSSL's
+// record layer, the reference, must read them and be read by them, across key updates.
+TEST_CASE("libcomm's TLS records and OpenSSL's read each other, both ways, across key updates", "[tls]") {
+  auto own = context(psk_config(kSecret));
+  if (!own->own_records()) {
+    WARN("kernel TLS: the kernel seals the records here");
+    return;
+  }
+  tls::Config c = psk_config(kSecret);
+  c.openssl_records = true;
+  auto openssl = context(c);
+  RecordsPerKey every(5);  // 1 MiB is 64 records: a dozen key updates each way
+  for (int mix = 0; mix < 3; ++mix) {
+    INFO("client " << (mix == 2 ? "OpenSSL's" : "libcomm's") << " records, server " << (mix == 1 ? "OpenSSL's" : "libcomm's"));
+    posix::Fd a, b;
+    tcp_pair(&a, &b);
+    std::unique_ptr<tls::Session> client, server;
+    REQUIRE(tls::Session::create(mix == 2 ? openssl : own, a.get(), tls::Role::kClient, &client).ok());
+    REQUIRE(tls::Session::create(mix == 1 ? openssl : own, b.get(), tls::Role::kServer, &server).ok());
+    tls::Step cs, ss;
+    handshake_both(*client, *server, &cs, &ss);
+    REQUIRE(cs == tls::Step::kDone);
+    REQUIRE(ss == tls::Step::kDone);
+    CHECK(client->own_records() == (mix != 2));
+    CHECK(server->own_records() == (mix != 1));
+    exchange_both_ways(*client, *server, 1 << 20);
+  }
+}
+
+TEST_CASE("libcomm's TLS records: a byte altered in transit fails the read, and says so", "[tls]") {
+  auto ctx = context(psk_config(kSecret));
+  if (!ctx->own_records()) {
+    WARN("kernel TLS: the kernel seals the records here");
+    return;
+  }
+  // client on a, its bytes to b; the test forwards b <-> c; the server on d.
+  posix::Fd a, b, c, d;
+  tcp_pair(&a, &b);
+  tcp_pair(&c, &d);
+  auto forward = [](int from, int to, bool flip) {
+    char buf[65536];
+    ssize_t n = ::recv(from, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) return;
+    if (flip) buf[n - 20] ^= 0x01;  // inside the ciphertext of the last record read
+    REQUIRE(::send(to, buf, static_cast<size_t>(n), MSG_NOSIGNAL) == n);
+  };
+  std::unique_ptr<tls::Session> client, server;
+  REQUIRE(tls::Session::create(ctx, a.get(), tls::Role::kClient, &client).ok());
+  REQUIRE(tls::Session::create(ctx, d.get(), tls::Role::kServer, &server).ok());
+  tls::Step cs = tls::Step::kWantWrite, ss = tls::Step::kWantRead;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto running = [](tls::Step s) { return s == tls::Step::kWantRead || s == tls::Step::kWantWrite; };
+  while ((running(cs) || running(ss)) && std::chrono::steady_clock::now() < until) {
+    if (running(cs)) cs = client->handshake();
+    forward(b.get(), c.get(), false);
+    if (running(ss)) ss = server->handshake();
+    forward(c.get(), b.get(), false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(cs == tls::Step::kDone);
+  REQUIRE(ss == tls::Step::kDone);
+  const std::vector<uint8_t> out = payload(1000);
+  REQUIRE(client->write(out.data(), out.size()) == static_cast<ssize_t>(out.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  forward(b.get(), c.get(), true);
+  std::vector<uint8_t> in(out.size());
+  ssize_t n = -1;
+  int err = 0;
+  for (int i = 0; i < 2000; ++i) {
+    n = server->read(in.data(), in.size());
+    err = errno;
+    if (n >= 0 || err != EAGAIN) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHECK(n == -1);
+  CHECK(err == EPROTO);
+  CHECK_THAT(server->why(), Catch::Contains("does not authenticate"));
+}
+
 TEST_CASE("kernel TLS is reported as this kernel offers it", "[tls]") {
   std::string why;
   const bool available = tls::kernel_tls_available(&why);
@@ -532,6 +651,30 @@ TEST_CASE("a relay between a rank and a TLS store sees no key, no value, no toke
   CHECK(wire.find("init/verdict") == std::string::npos);
   CHECK(wire.find("counter-key-in-clear?") == std::string::npos);
   for (size_t at : {size_t{0}, big.size() / 2, big.size() - 16}) CHECK(wire.find(big.substr(at, 16)) == std::string::npos);
+}
+
+// A rank 0 busy with a burst may take seconds to answer a ClientHello (issue 28: 200 ranks on two
+// busy cores). The client's TLS handshake has the connect's whole deadline, like its greeting: it
+// once had 1 s (Deadline::remaining_ms()'s default cap), and after a good token proof took that
+// timeout as final, so ranks failed with "TLS handshake: no answer in time".
+TEST_CASE("a TLS store slow to answer the ClientHello still lets a client with a token in", "[store][tls]") {
+  const std::string token = "store-tls-token-slow-rank0";
+  std::shared_ptr<Store> server;
+  REQUIRE(make_tcp_store(store_options(true, 0, token, store_tls(token)), &server).ok());
+  sockaddr_in target = loopback(tcp_store_port(*server));
+  TcpRelay relay(reinterpret_cast<sockaddr*>(&target), sizeof target);
+  relay.hold_first_tls_answer(2500);
+  TcpStoreOptions o = store_options(false, relay.port(), token, store_tls(token));
+  o.timeout_ms = 60000;
+  std::shared_ptr<Store> client;
+  Status st = make_tcp_store(o, &client);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  CHECK(relay.connections() == 1);  // in on its first connection: nothing was given up
+  REQUIRE(client->set("k", "v").ok());
+  std::string got;
+  REQUIRE(server->get("k", &got, Deadline::after_ms(60000)).ok());
+  CHECK(got == "v");
 }
 
 TEST_CASE("a store and a client that disagree on COMM_TLS refuse each other, naming it", "[store][tls]") {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 
 namespace comm::testing {
@@ -63,6 +64,7 @@ void TcpRelay::run() {
   struct Pair {
     int client, server;
     size_t stream;  // index into client_streams_
+    bool held = false;  // its first TLS answer was held (hold_first_tls_answer)
   };
   std::vector<Pair> pairs;
   std::vector<pollfd> fds;
@@ -83,6 +85,10 @@ void TcpRelay::run() {
         const int to = side == 0 ? p.server : p.client;
         ssize_t n = ::recv(from, buf, sizeof buf, 0);
         if (n > 0) {
+          if (side == 1 && !p.held && n >= 2 && buf[0] == 0x16 && buf[1] == 0x03 && hold_ms_.load() > 0) {
+            p.held = true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms_.load()));
+          }
           {
             std::lock_guard<std::mutex> lock(mu_);
             captured_.append(buf, static_cast<size_t>(n));

@@ -27,6 +27,10 @@ class TcpRelay {
   // What the clients sent, one string per relayed connection, in the order they were accepted.
   std::vector<std::string> client_streams() const;
   int connections() const;
+  // From now on, the first TLS record the target sends on each connection (a read that starts
+  // with a TLS handshake record, 0x16 0x03) is held `ms` before it is relayed: a rank 0 slow to
+  // answer a ClientHello, as a busy one is. The relay's thread waits meanwhile.
+  void hold_first_tls_answer(int ms) { hold_ms_.store(ms); }
 
  private:
   void run();
@@ -36,6 +40,7 @@ class TcpRelay {
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<int> hold_ms_{0};
   mutable std::mutex mu_;
   std::string captured_;
   std::vector<std::string> client_streams_;

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -330,14 +331,17 @@ class Client final : public Store {
       COMM_RETURN_IF_ERROR(exchange(fd, encode_request(Op::kProof, "", std::string(proof.begin(), proof.end())),
                                     deadline, final, &reply, &body));
       if (reply == Reply::kOk) {
-        *final = true;
+        // Only the failure is final: after a good proof comes the TLS handshake, whose timeout
+        // connect() must still retry.
         if (body.size() != kDigestBytes ||
             !check_proof(token, kProofContext, Prover::kServer, mine, theirs,
-                         reinterpret_cast<const uint8_t*>(body.data())))
+                         reinterpret_cast<const uint8_t*>(body.data()))) {
+          *final = true;
           return InvalidUsage("the store at " + where_ +
                               " accepted this process's proof of COMM_AUTH_TOKEN but could not prove the token "
                               "itself: it is not this job's store; check MASTER_ADDR/MASTER_PORT and set the same "
                               "COMM_AUTH_TOKEN on every rank");
+        }
         return Status::Ok();
       }
     } else if (reply == Reply::kOk && body.empty()) {
@@ -373,7 +377,10 @@ class Client final : public Store {
   // one this process refuses: final.
   Status start_tls(int fd, Deadline deadline, bool* final, std::unique_ptr<tls::Session>* out) {
     Status st = tls::Session::create(options_.tls, fd, tls::Role::kClient, out);
-    if (st.ok()) st = (*out)->handshake_until(tls::Session::clock_ms() + deadline.remaining_ms());
+    // The whole of the connect's deadline, as the greeting had: a rank 0 busy with a burst may
+    // take seconds to answer a ClientHello (remaining_ms()'s default cap, 1 s, failed a burst).
+    if (st.ok())
+      st = (*out)->handshake_until(tls::Session::clock_ms() + deadline.remaining_ms(std::numeric_limits<int>::max()));
     if (st.ok()) {
       // The server's kOk through TLS, or the alert that says why it refused this process.
       char header[kResponseHeaderBytes];

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "params.h"
 #include "posix/fd.h"
+#include "tls/records.h"
 
 #ifndef TCP_ULP
 #define TCP_ULP 31
@@ -196,6 +197,12 @@ Status Context::create(const Config& config, std::shared_ptr<Context>* out) {
   if (!kernel_tls_available(nullptr)) {
     SSL_CTX_set_read_ahead(ctx, 1);
     SSL_CTX_set_default_read_buffer_len(ctx, 128 * 1024);
+    // And the records are libcomm's after the handshake (tls/records.h): OpenSSL hands over the
+    // application traffic secrets through its key log callback, which writes them nowhere else.
+    if (!config.openssl_records) {
+      c->own_records_ = true;
+      SSL_CTX_set_keylog_callback(ctx, &Session::keylog);
+    }
   }
   SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
   if (!config.psk.empty()) {
@@ -231,13 +238,61 @@ Status Session::create(std::shared_ptr<Context> ctx, int fd, Role role, std::uni
   if (s->ssl_ == nullptr || SSL_set_fd(s->ssl_, fd) != 1)
     return SystemError("TLS: cannot start a session: " + openssl_errors());
   s->ctx_ = std::move(ctx);
+  s->role_ = role;
+  SSL_set_app_data(s->ssl_, s.get());  // for keylog()
   if (role == Role::kClient) SSL_set_connect_state(s->ssl_);
   else SSL_set_accept_state(s->ssl_);
   *out = std::move(s);
   return Status::Ok();
 }
 
-Session::~Session() { SSL_free(ssl_); }
+Session::~Session() {
+  records_.reset();
+  SSL_free(ssl_);
+  OPENSSL_cleanse(client_secret_.data(), client_secret_.size());
+  OPENSSL_cleanse(server_secret_.data(), server_secret_.size());
+}
+
+void Session::keylog(const SSL* ssl, const char* line) {
+  auto* s = static_cast<Session*>(SSL_get_app_data(ssl));
+  if (s == nullptr || !s->ctx_->own_records()) return;
+  // "CLIENT_TRAFFIC_SECRET_0 <client random, hex> <secret, hex>" (NSS's key log format).
+  std::string* to = nullptr;
+  const char* p = line;
+  if (std::strncmp(p, "CLIENT_TRAFFIC_SECRET_0 ", 24) == 0) to = &s->client_secret_;
+  else if (std::strncmp(p, "SERVER_TRAFFIC_SECRET_0 ", 24) == 0) to = &s->server_secret_;
+  if (to == nullptr) return;
+  p = std::strchr(p + 24, ' ');
+  if (p == nullptr) return;
+  ++p;
+  to->clear();
+  auto hex = [](char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
+  for (; p[0] != '\0' && p[1] != '\0'; p += 2) to->push_back(static_cast<char>(hex(p[0]) << 4 | hex(p[1])));
+}
+
+// After the handshake: the records become libcomm's where the context says so, the cipher is the
+// one records.cc seals with, and OpenSSL holds no bytes it read past the handshake (none come:
+// the side that finishes first waits for the other's first record; else OpenSSL keeps them).
+void Session::take_records() {
+  const SSL_CIPHER* cipher = SSL_get_current_cipher(ssl_);
+  if (records_ || !ctx_->own_records() || cipher == nullptr || (SSL_CIPHER_get_id(cipher) & 0xffff) != 0x1301 ||
+      SSL_has_pending(ssl_) == 1 || client_secret_.size() != 32 || server_secret_.size() != 32)
+    return;
+  const bool client = role_ == Role::kClient;
+  std::string why;
+  records_ = Records::create(SSL_get_fd(ssl_), client ? client_secret_ : server_secret_,
+                             client ? server_secret_ : client_secret_, &why);
+  if (!records_) COMM_WARN(kNet, "%s; OpenSSL keeps the records", why.c_str());
+  OPENSSL_cleanse(client_secret_.data(), client_secret_.size());
+  OPENSSL_cleanse(server_secret_.data(), server_secret_.size());
+  client_secret_.clear();
+  server_secret_.clear();
+}
+
+ssize_t Session::records_result(ssize_t r) {
+  if (r < 0 && errno != EAGAIN && !records_->why().empty()) why_ = records_->why();
+  return r;
+}
 
 ssize_t Session::fail(int ret, const char* what) {
   const int saved = errno;
@@ -263,7 +318,10 @@ Step Session::handshake() {
   ERR_clear_error();
   errno = 0;
   const int r = SSL_do_handshake(ssl_);
-  if (r == 1) return Step::kDone;
+  if (r == 1) {
+    take_records();
+    return Step::kDone;
+  }
   const int saved = errno;
   const int err = SSL_get_error(ssl_, r);
   if (err == SSL_ERROR_WANT_READ) return Step::kWantRead;
@@ -271,8 +329,11 @@ Step Session::handshake() {
   std::string detail = openssl_errors();
   if (err == SSL_ERROR_SYSCALL || err == SSL_ERROR_ZERO_RETURN || detail.empty())
     detail = saved != 0 ? errno_string(saved) : "the peer closed the connection";
+  // A certificate's verdict, where one was checked: with a PSK, or before the peer's certificate
+  // came, OpenSSL reports X509_V_ERR_UNSPECIFIED, which named a certificate where none was.
   const long verify = SSL_get_verify_result(ssl_);
-  if (verify != X509_V_OK) detail += " (" + std::string(X509_verify_cert_error_string(verify)) + ")";
+  if (!ctx_->uses_psk() && verify != X509_V_OK && verify != X509_V_ERR_UNSPECIFIED)
+    detail += " (" + std::string(X509_verify_cert_error_string(verify)) + ")";
   why_ = "TLS handshake failed: " + detail;
   return Step::kFailed;
 }
@@ -297,6 +358,7 @@ Status Session::handshake_until(int64_t deadline_ms) {
 }
 
 ssize_t Session::read(void* buf, size_t n) {
+  if (records_) return records_result(records_->read(buf, n));
   NoSigpipe no_sigpipe;  // reading may answer (an alert, a key update)
   // Each SSL_read_ex hands out one record at most: go on until n bytes or nothing more is
   // there, as recv(2) does with what the socket holds.
@@ -321,6 +383,10 @@ ssize_t Session::write(const void* buf, size_t n) {
   // until the socket is full, as send(2) does, so the caller's loop runs once per buffer-full,
   // not once per record. After a would-block the retry starts at the byte that blocked, which
   // is what OpenSSL asks (the same buffer for the record it holds).
+  if (records_) {
+    const iovec iov{const_cast<void*>(buf), n};
+    return records_result(records_->writev(&iov, 1));
+  }
   NoSigpipe no_sigpipe;
   size_t total = 0;
   while (total < n) {
@@ -340,6 +406,7 @@ ssize_t Session::write(const void* buf, size_t n) {
 }
 
 ssize_t Session::writev(const iovec* iov, int n) {
+  if (records_) return records_result(records_->writev(iov, n));
   size_t total = 0;
   for (int i = 0; i < n; ++i) {
     if (iov[i].iov_len == 0) continue;
@@ -353,7 +420,7 @@ ssize_t Session::writev(const iovec* iov, int n) {
   return static_cast<ssize_t>(total);
 }
 
-bool Session::pending() const { return SSL_has_pending(ssl_) == 1; }
+bool Session::pending() const { return records_ ? records_->pending() : SSL_has_pending(ssl_) == 1; }
 
 bool Session::kernel_send() const { return BIO_get_ktls_send(SSL_get_wbio(ssl_)) == 1; }
 
@@ -362,8 +429,12 @@ bool Session::kernel_recv() const { return BIO_get_ktls_recv(SSL_get_rbio(ssl_))
 std::string Session::describe() const {
   std::string text = std::string(SSL_get_version(ssl_)) + " " + SSL_get_cipher_name(ssl_);
   text += ctx_->uses_psk() ? ", PSK" : ", certificates";
-  text += kernel_send() ? ", kernel send" : ", user-space send";
-  text += kernel_recv() ? ", kernel receive" : ", user-space receive";
+  if (records_) {
+    text += ", libcomm's records (no kernel TLS)";
+  } else {
+    text += kernel_send() ? ", kernel send" : ", user-space send";
+    text += kernel_recv() ? ", kernel receive" : ", user-space receive";
+  }
   return text;
 }
 

@@ -14,7 +14,9 @@
 //
 // Kernel TLS: the context asks for it (SSL_OP_ENABLE_KTLS); where the kernel has the "tls"
 // module OpenSSL hands the record keys to it after the handshake and the socket's sends are
-// encrypted by the kernel. Elsewhere records are sealed and opened in user space, by OpenSSL.
+// encrypted by the kernel. Elsewhere OpenSSL makes the handshake and libcomm seals and opens the
+// records (tls/records.h: no copies but the cipher's, many records per system call), as the
+// kernel would; OpenSSL's records remain for a session whose cipher is not TLS_AES_128_GCM_SHA256.
 #pragma once
 
 #include <sys/types.h>
@@ -30,12 +32,17 @@ typedef struct ssl_st SSL;
 
 namespace comm::tls {
 
+class Records;
+
 struct Config {
   // PSK mode: the key (psk_from_secret). Empty: certificate mode (the three paths below).
   std::string psk;
   std::string cert_path;  // COMM_TLS_CERT: this end's certificate chain (PEM)
   std::string key_path;   // COMM_TLS_KEY: its private key (PEM)
   std::string ca_path;    // COMM_TLS_CA: what signs every peer's certificate (PEM file)
+  // OpenSSL's records even where libcomm would seal its own (tls/records.h): for tests, as a peer
+  // with kernel TLS or an older libcomm sends them.
+  bool openssl_records = false;
 };
 
 // The PSK of a protocol: HMAC-SHA256(secret, "libcomm tls psk" | 0 | context). The context
@@ -68,11 +75,14 @@ class Context {
   SSL_CTX* get() const { return ctx_; }
   bool uses_psk() const { return !psk_.empty(); }
   const std::string& psk() const { return psk_; }
+  // Sessions seal and open their own records after the handshake (no kernel TLS here).
+  bool own_records() const { return own_records_; }
 
  private:
   Context() = default;
   SSL_CTX* ctx_ = nullptr;
   std::string psk_;
+  bool own_records_ = false;
 };
 
 enum class Role { kClient, kServer };
@@ -107,16 +117,26 @@ class Session {
   // Whether the kernel seals (send) / opens (receive) this session's records.
   bool kernel_send() const;
   bool kernel_recv() const;
+  // Whether libcomm seals and opens them (tls/records.h), after the handshake.
+  bool own_records() const { return records_ != nullptr; }
   const std::string& why() const { return why_; }
   // "TLSv1.3 TLS_AES_128_GCM_SHA256, PSK, kernel send" -- for log lines.
   std::string describe() const;
+  // OpenSSL's key log callback (Context::create): keeps the application traffic secrets for the
+  // records (tls/records.h); not for callers.
+  static void keylog(const SSL* ssl, const char* line);
 
  private:
   Session() = default;
   ssize_t fail(int ret, const char* what);
+  ssize_t records_result(ssize_t r);
+  void take_records();
   std::shared_ptr<Context> ctx_;
   SSL* ssl_ = nullptr;
+  Role role_ = Role::kClient;
   std::string why_;
+  std::string client_secret_, server_secret_;
+  std::unique_ptr<Records> records_;
 };
 
 // recv(2)/send(2) on fd, or the session's read/write when tls is not null: one line at a call site.

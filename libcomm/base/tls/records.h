@@ -1,0 +1,83 @@
+// TLS 1.3 application records sealed and opened by libcomm after OpenSSL's handshake, where the
+// kernel offers no TLS (tls/tls.h). What kernel TLS would do, in user space: a record is sealed
+// from the caller's buffer straight into the bytes handed to send(2), and opened from what
+// recv(2) read straight into the caller's buffer. OpenSSL's record layer (3.0) copies every
+// record's plaintext into its own buffer before sealing it and out of its buffer after opening
+// it, blocks SIGPIPE around each call (it writes with write(2)) and makes one write(2) per 16 KiB
+// record; those were most of what TLS cost beyond the cipher (docs/benchmarks.md, "TLS against
+// plaintext").
+//
+// The records are RFC 8446's (section 5.2): AES-128-GCM, the nonce the write IV XOR the record's
+// sequence number, the record header as additional data, the content type after the plaintext,
+// no padding sent (a peer's padding is accepted). The keys come from the handshake's application
+// traffic secrets (OpenSSL's key log callback: tls.cc), expanded as section 7.3 says. Before a
+// key has sealed kRecordsPerKey records its sender sends a KeyUpdate and both ends move to the
+// next secret (section 4.6.3), far below AES-GCM's limit of 2^24.5 records per key (section 5.5).
+// Alerts: close_notify reads as a close, any other alert as EPROTO naming it.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
+
+namespace comm::tls {
+
+class Records {
+ public:
+  // tx/rx: this end's and the peer's application traffic secrets (32 bytes, SHA-256).
+  static std::unique_ptr<Records> create(int fd, const std::string& tx_secret, const std::string& rx_secret,
+                                         std::string* why);
+  ~Records();
+  Records(const Records&) = delete;
+  Records& operator=(const Records&) = delete;
+
+  // Session::read / writev's semantics (tls.h): recv(2)/send(2)'s, a retry after EAGAIN starts at
+  // the same byte. A record sent in part is finished first at the next call and counted then.
+  ssize_t read(void* buf, size_t n);
+  ssize_t writev(const iovec* iov, int n);
+  bool pending() const { return plain_off_ < plain_len_ || whole_record_held(); }
+  const std::string& why() const { return why_; }
+
+  // After this many records under one key the sender updates it (tests lower it).
+  static uint64_t records_per_key;
+
+ private:
+  struct Direction {
+    std::string secret;
+    EVP_CIPHER_CTX* ctx = nullptr;
+    uint8_t iv[12] = {};
+    uint64_t seq = 0;
+  };
+  Records() = default;
+  bool set_key(Direction* d, const std::string& secret);
+  bool next_key(Direction* d);
+  size_t seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t len, uint8_t* out);
+  ssize_t open_one(uint8_t* dst, size_t room);
+  bool whole_record_held() const;
+  ssize_t fail(const std::string& what);
+
+  int fd_ = -1;
+  Direction tx_, rx_;
+  std::string why_;
+  // Sending: sealed records not yet taken by the kernel. Only the first may have gone in part
+  // (out_sent_ of its bytes); owed_ is its plaintext length, counted once it is all out.
+  std::vector<uint8_t> out_;  // its first out_len_ bytes
+  size_t out_len_ = 0;
+  size_t out_sent_ = 0;
+  size_t owed_ = 0;
+  bool key_update_due_ = false;
+  // Receiving: what recv(2) read, from in_off_; an opened record's plaintext not yet handed out.
+  std::vector<uint8_t> in_;
+  size_t in_off_ = 0, in_len_ = 0;
+  std::vector<uint8_t> plain_;  // its first plain_len_ bytes
+  size_t plain_len_ = 0;
+  size_t plain_off_ = 0;
+};
+
+}  // namespace comm::tls
