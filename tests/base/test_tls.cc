@@ -417,6 +417,75 @@ TEST_CASE("libcomm's TLS records: a byte altered in transit fails the read, and 
   CHECK_THAT(server->why(), Catch::Contains("does not authenticate"));
 }
 
+// A record that fails in the middle of a read: the records before it are handed out, then the
+// failure, and it stays: the record after it must never read as the next one (an attacker who
+// could drop a record unnoticed could cut a stream).
+TEST_CASE("libcomm's TLS records: after a record that fails, no later record is read", "[tls]") {
+  auto ctx = context(psk_config(kSecret));
+  if (!ctx->own_records()) {
+    WARN("kernel TLS: the kernel seals the records here");
+    return;
+  }
+  posix::Fd a, b, c, d;  // client on a, its bytes to b; the test forwards b -> c; the server on d
+  tcp_pair(&a, &b);
+  tcp_pair(&c, &d);
+  std::unique_ptr<tls::Session> client, server;
+  REQUIRE(tls::Session::create(ctx, a.get(), tls::Role::kClient, &client).ok());
+  REQUIRE(tls::Session::create(ctx, d.get(), tls::Role::kServer, &server).ok());
+  auto pass = [](int from, int to) {
+    char buf[65536];
+    ssize_t n = ::recv(from, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) REQUIRE(::send(to, buf, static_cast<size_t>(n), MSG_NOSIGNAL) == n);
+  };
+  tls::Step cs = tls::Step::kWantWrite, ss = tls::Step::kWantRead;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto running = [](tls::Step s) { return s == tls::Step::kWantRead || s == tls::Step::kWantWrite; };
+  while ((running(cs) || running(ss)) && std::chrono::steady_clock::now() < until) {
+    if (running(cs)) cs = client->handshake();
+    pass(b.get(), c.get());
+    if (running(ss)) ss = server->handshake();
+    pass(c.get(), b.get());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(cs == tls::Step::kDone);
+  REQUIRE(ss == tls::Step::kDone);
+  // Three records of 100 bytes (one per write), 122 bytes each on the wire; the second altered.
+  const std::vector<uint8_t> out = payload(300);
+  for (int r = 0; r < 3; ++r) REQUIRE(client->write(out.data() + 100 * r, 100) == 100);
+  std::vector<uint8_t> wire;
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (wire.size() < 3 * 122 && std::chrono::steady_clock::now() < by) {
+    char buf[4096];
+    ssize_t n = ::recv(b.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) wire.insert(wire.end(), buf, buf + n);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(wire.size() == 3 * 122);
+  wire[122 + 40] ^= 0x01;  // inside the second record's ciphertext
+  REQUIRE(::send(c.get(), wire.data(), wire.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(wire.size()));
+  std::vector<uint8_t> in(1000);
+  size_t got = 0;
+  int failures = 0;
+  for (int i = 0; i < 2000 && failures < 3; ++i) {  // reads go on after the failure: it must stay
+    ssize_t n = server->read(in.data() + got, in.size() - got);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    REQUIRE(n == -1);
+    if (errno == EAGAIN) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    CHECK(errno == EPROTO);
+    CHECK_THAT(server->why(), Catch::Contains("does not authenticate"));
+    ++failures;
+  }
+  CHECK(failures == 3);
+  REQUIRE(got == 100);  // the first record only: never the third
+  CHECK(std::equal(out.begin(), out.begin() + 100, in.begin()));
+}
+
 TEST_CASE("kernel TLS is reported as this kernel offers it", "[tls]") {
   std::string why;
   const bool available = tls::kernel_tls_available(&why);

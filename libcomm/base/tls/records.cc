@@ -23,8 +23,10 @@ constexpr size_t kBatch = 16;
 constexpr size_t kInBytes = 256 * 1024 + kHeader + kMaxCipher;
 constexpr uint8_t kAppData = 23, kAlert = 21, kHandshake = 22;
 constexpr uint8_t kKeyUpdate = 24;
+constexpr uint64_t kMaxRecordsPerKey = 23726566;  // 2^24.5, AES-GCM's limit (section 5.5)
 
 // HKDF-Expand-Label(secret, label, "", len) with SHA-256 (RFC 8446 section 7.1); len <= 32.
+// Empty if HMAC fails (the callers then fail: never a key from uninitialised bytes).
 std::string expand_label(const std::string& secret, const std::string& label, size_t len) {
   std::string info;
   info.push_back(static_cast<char>(len >> 8));
@@ -36,8 +38,10 @@ std::string expand_label(const std::string& secret, const std::string& label, si
   info.push_back('\1');  // HKDF-Expand's block counter: one block is enough
   unsigned char out[32];
   unsigned int out_len = sizeof out;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(info.data()),
-       info.size(), out, &out_len);
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(info.data()), info.size(), out, &out_len) == nullptr ||
+      out_len < len)
+    return {};
   std::string key(reinterpret_cast<const char*>(out), len);
   OPENSSL_cleanse(out, sizeof out);
   return key;
@@ -54,10 +58,11 @@ size_t be16(const uint8_t* p) { return static_cast<size_t>(p[0]) << 8 | p[1]; }
 
 uint64_t Records::records_per_key = uint64_t{1} << 23;
 
-std::unique_ptr<Records> Records::create(int fd, const std::string& tx_secret, const std::string& rx_secret,
-                                         std::string* why) {
+std::unique_ptr<Records> Records::create(int fd, bool client, const std::string& tx_secret,
+                                         const std::string& rx_secret, std::string* why) {
   std::unique_ptr<Records> r(new Records());
   r->fd_ = fd;
+  r->client_ = client;
   r->tx_.ctx = EVP_CIPHER_CTX_new();
   r->rx_.ctx = EVP_CIPHER_CTX_new();
   if (r->tx_.ctx == nullptr || r->rx_.ctx == nullptr ||
@@ -86,26 +91,37 @@ bool Records::set_key(Direction* d, const std::string& secret) {
   OPENSSL_cleanse(d->secret.data(), d->secret.size());
   d->secret = secret;
   std::string key = expand_label(secret, "key", 16);
-  const std::string iv = expand_label(secret, "iv", 12);
-  std::memcpy(d->iv, iv.data(), sizeof d->iv);
-  const bool ok = EVP_CipherInit_ex(d->ctx, nullptr, nullptr, reinterpret_cast<const unsigned char*>(key.data()),
+  std::string iv = expand_label(secret, "iv", 12);
+  const bool ok = key.size() == 16 && iv.size() == 12 &&
+                  EVP_CipherInit_ex(d->ctx, nullptr, nullptr, reinterpret_cast<const unsigned char*>(key.data()),
                                     nullptr, -1) == 1;
+  if (ok) std::memcpy(d->iv, iv.data(), sizeof d->iv);
   OPENSSL_cleanse(key.data(), key.size());
+  OPENSSL_cleanse(iv.data(), iv.size());
   d->seq = 0;
   return ok;
 }
 
 // RFC 8446 section 7.2: application_traffic_secret_N+1.
-bool Records::next_key(Direction* d) { return set_key(d, expand_label(d->secret, "traffic upd", 32)); }
+bool Records::next_key(Direction* d) {
+  std::string next = expand_label(d->secret, "traffic upd", 32);
+  const bool ok = set_key(d, next);
+  OPENSSL_cleanse(next.data(), next.size());
+  return ok;
+}
 
+// A failure is for good: every later read and write returns it, so no record after one that
+// failed to open (or an alert) is ever taken as the next one.
 ssize_t Records::fail(const std::string& what) {
-  why_ = "TLS " + what;
+  if (!broken_) why_ = "TLS " + what;
+  broken_ = true;
   errno = EPROTO;
   return -1;
 }
 
 // One record: `len` bytes of the iovecs from byte `skip` on, then the content type, sealed into
 // out (header, ciphertext, tag). Returns its size on the wire.
+// 0 if the cipher fails.
 size_t Records::seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t len, uint8_t* out) {
   const size_t inner = len + 1;
   out[0] = kAppData;  // every TLS 1.3 record says application_data outside
@@ -116,8 +132,8 @@ size_t Records::seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t 
   uint8_t nonce[12];
   nonce_of(tx_.iv, tx_.seq++, nonce);
   int outl = 0;
-  EVP_EncryptInit_ex(tx_.ctx, nullptr, nullptr, nullptr, nonce);
-  EVP_EncryptUpdate(tx_.ctx, nullptr, &outl, out, kHeader);
+  bool ok = EVP_EncryptInit_ex(tx_.ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
+            EVP_EncryptUpdate(tx_.ctx, nullptr, &outl, out, kHeader) == 1;
   uint8_t* at = out + kHeader;
   for (int i = 0; i < n && len > 0; ++i) {
     if (skip >= iov[i].iov_len) {
@@ -125,19 +141,21 @@ size_t Records::seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t 
       continue;
     }
     const size_t take = std::min(len, iov[i].iov_len - skip);
-    EVP_EncryptUpdate(tx_.ctx, at, &outl, static_cast<const uint8_t*>(iov[i].iov_base) + skip, static_cast<int>(take));
+    ok = ok && EVP_EncryptUpdate(tx_.ctx, at, &outl, static_cast<const uint8_t*>(iov[i].iov_base) + skip,
+                                 static_cast<int>(take)) == 1;
     at += take;
     len -= take;
     skip = 0;
   }
-  EVP_EncryptUpdate(tx_.ctx, at, &outl, &type, 1);
+  ok = ok && EVP_EncryptUpdate(tx_.ctx, at, &outl, &type, 1) == 1;
   at += 1;
-  EVP_EncryptFinal_ex(tx_.ctx, at, &outl);
-  EVP_CIPHER_CTX_ctrl(tx_.ctx, EVP_CTRL_AEAD_GET_TAG, kTag, at);
-  return kHeader + inner + kTag;
+  ok = ok && EVP_EncryptFinal_ex(tx_.ctx, at, &outl) == 1 &&
+       EVP_CIPHER_CTX_ctrl(tx_.ctx, EVP_CTRL_AEAD_GET_TAG, kTag, at) == 1;
+  return ok ? kHeader + inner + kTag : 0;
 }
 
 ssize_t Records::writev(const iovec* iov, int n) {
+  if (broken_) return fail("");
   size_t total = 0;
   for (int i = 0; i < n; ++i) total += iov[i].iov_len;
   if (owed_ > total) {  // records sealed from bytes this call does not offer again
@@ -168,17 +186,23 @@ ssize_t Records::writev(const iovec* iov, int n) {
     const size_t need = bytes + (bytes / kMaxPlain + 2) * (kHeader + 1 + kTag) + 8;  // + a KeyUpdate
     if (out_.size() < need) out_.resize(need);
     size_t at = 0;
-    if (key_update_due_ || tx_.seq >= records_per_key) {
-      // The KeyUpdate goes under the old key, the records after it under the new one.
-      const uint8_t msg[5] = {kKeyUpdate, 0, 0, 1, 0};  // update_not_requested
+    if (key_update_due_ || ask_peer_update_ || tx_.seq >= records_per_key) {
+      // The KeyUpdate goes under the old key, the records after it under the new one. With
+      // update_requested the peer moves its own key too (its records under one key near the
+      // limit: a peer on OpenSSL's records never updates unasked).
+      const uint8_t msg[5] = {kKeyUpdate, 0, 0, 1, ask_peer_update_ ? uint8_t{1} : uint8_t{0}};
       const iovec m{const_cast<uint8_t*>(msg), sizeof msg};
-      at += seal(kHandshake, &m, 1, 0, sizeof msg, out_.data());
-      if (!next_key(&tx_)) return fail("write: the key update failed");
+      const size_t sealed = seal(kHandshake, &m, 1, 0, sizeof msg, out_.data());
+      if (sealed == 0 || !next_key(&tx_)) return fail("write: the key update failed");
+      at += sealed;
       key_update_due_ = false;
+      ask_peer_update_ = false;
     }
     for (size_t r = 0; r < kBatch && done + owed_ < total && tx_.seq < records_per_key; ++r) {
       const size_t len = std::min(kMaxPlain, total - done - owed_);
-      at += seal(kAppData, iov, n, done + owed_, len, out_.data() + at);
+      const size_t sealed = seal(kAppData, iov, n, done + owed_, len, out_.data() + at);
+      if (sealed == 0) return fail("write: the cipher failed to seal a record");
+      at += sealed;
       owed_ += len;
     }
     out_len_ = at;
@@ -192,11 +216,22 @@ bool Records::whole_record_held() const {
 // Opens the record at in_off_ (whole_record_held()). Application data goes straight to dst when
 // room holds it, else to plain_. Returns the bytes put at dst, 0 for none; -1 with errno EPROTO
 // (why_) for a record that does not authenticate or an alert; -2 for the peer's close_notify.
-ssize_t Records::open_one(uint8_t* dst, size_t room) {
+// The header of the record at in_off_ (kHeader bytes held), checked before its body arrives.
+ssize_t Records::check_header() {
   const uint8_t* rec = in_.data() + in_off_;
   const size_t len = be16(rec + 3);
-  if (rec[0] != kAppData || rec[1] != 0x03) return fail("read: not a TLS 1.3 record (garbage on the connection?)");
-  if (len < kTag + 1 || len > kMaxCipher) return fail("read: a record of " + std::to_string(len) + " bytes");
+  if (rec[0] != kAppData || rec[1] != 0x03 || rec[2] != 0x03)
+    return fail("read: not a TLS 1.3 record (garbage on the connection?)");
+  // Section 5.2 and 5.4: the content, its type byte and the tag; AES-GCM adds nothing else.
+  if (len < kTag + 1 || len > kMaxPlain + 1 + kTag)
+    return fail("read: a record of " + std::to_string(len) + " bytes (record_overflow)");
+  return 0;
+}
+
+ssize_t Records::open_one(uint8_t* dst, size_t room) {
+  if (check_header() < 0) return -1;
+  const uint8_t* rec = in_.data() + in_off_;
+  const size_t len = be16(rec + 3);
   const size_t inner = len - kTag;
   const bool direct = room >= inner - 1;
   uint8_t* out = dst;
@@ -204,20 +239,29 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
     if (plain_.size() < inner) plain_.resize(inner);
     out = plain_.data();
   }
+  // A peer must update its key before AES-GCM's limit (section 5.5): ask it at records_per_key
+  // (with our next write: a peer on OpenSSL's records never updates unasked), refuse past the limit.
+  if (rx_.seq >= kMaxRecordsPerKey)
+    return fail("read failed: the peer sent " + std::to_string(rx_.seq) +
+                " records under one key without updating it (RFC 8446 section 5.5)");
+  if (rx_.seq == records_per_key) ask_peer_update_ = true;
   uint8_t nonce[12];
   nonce_of(rx_.iv, rx_.seq++, nonce);
   uint8_t last = 0, none[16];
   int outl = 0;
-  EVP_DecryptInit_ex(rx_.ctx, nullptr, nullptr, nullptr, nonce);
-  EVP_DecryptUpdate(rx_.ctx, nullptr, &outl, rec, kHeader);
-  EVP_DecryptUpdate(rx_.ctx, out, &outl, rec + kHeader, static_cast<int>(inner - 1));
-  EVP_DecryptUpdate(rx_.ctx, &last, &outl, rec + kHeader + inner - 1, 1);
-  EVP_CIPHER_CTX_ctrl(rx_.ctx, EVP_CTRL_AEAD_SET_TAG, kTag, const_cast<uint8_t*>(rec + kHeader + inner));
-  const bool authentic = EVP_DecryptFinal_ex(rx_.ctx, none, &outl) == 1;
+  const bool decrypted = EVP_DecryptInit_ex(rx_.ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
+                         EVP_DecryptUpdate(rx_.ctx, nullptr, &outl, rec, kHeader) == 1 &&
+                         EVP_DecryptUpdate(rx_.ctx, out, &outl, rec + kHeader, static_cast<int>(inner - 1)) == 1 &&
+                         EVP_DecryptUpdate(rx_.ctx, &last, &outl, rec + kHeader + inner - 1, 1) == 1 &&
+                         EVP_CIPHER_CTX_ctrl(rx_.ctx, EVP_CTRL_AEAD_SET_TAG, kTag,
+                                             const_cast<uint8_t*>(rec + kHeader + inner)) == 1;
+  const bool authentic = decrypted && EVP_DecryptFinal_ex(rx_.ctx, none, &outl) == 1;
   in_off_ += kHeader + len;
   in_len_ -= kHeader + len;
   if (in_len_ == 0) in_off_ = 0;
   if (!authentic) {
+    // Nothing unauthenticated stays in the caller's buffer (or ours).
+    OPENSSL_cleanse(out, inner - 1);
     plain_len_ = 0;
     return fail("read failed: a record does not authenticate (bad record mac): altered in transit, or another key");
   }
@@ -233,6 +277,7 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
     return 0;
   }
   const std::vector<uint8_t> body(out, out + content);
+  OPENSSL_cleanse(out, content);  // not the caller's data: not left in its buffer
   plain_len_ = 0;
   if (type == kAlert) {
     if (body.size() == 2 && body[1] == 0) return -2;  // close_notify
@@ -244,11 +289,17 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
     if (body[4] == 1) key_update_due_ = true;  // update_requested: ours goes with the next write
     return 0;
   }
-  if (type == kHandshake && !body.empty() && body[0] == 4) return 0;  // a NewSessionTicket: not used
+  // A NewSessionTicket (a server's, to a client; tickets are off here, so only from another
+  // implementation): one whole message in the record, not used.
+  if (type == kHandshake && client_ && body.size() >= 4 && body[0] == 4 &&
+      (size_t{body[1]} << 16 | size_t{body[2]} << 8 | body[3]) == body.size() - 4)
+    return 0;
   return fail("read: an unexpected record of content type " + std::to_string(type) + " after the handshake");
 }
 
 ssize_t Records::read(void* buf, size_t n) {
+  if (broken_) return fail("");
+  if (closed_) return 0;  // after close_notify nothing more is read (section 6.1)
   auto* dst = static_cast<uint8_t*>(buf);
   size_t total = 0;
   while (total < n) {
@@ -262,12 +313,17 @@ ssize_t Records::read(void* buf, size_t n) {
     }
     if (whole_record_held()) {
       const ssize_t got = open_one(dst + total, n - total);
-      if (got == -2) return static_cast<ssize_t>(total);  // close_notify: a close, after what came
+      if (got == -2) {  // close_notify: a close, after what came
+        closed_ = true;
+        return static_cast<ssize_t>(total);
+      }
+      // The bytes before the failure are authentic and handed out; the failure is the next call's.
       if (got < 0) return total > 0 ? static_cast<ssize_t>(total) : -1;
       total += static_cast<size_t>(got);
       continue;
     }
     if (total > 0) break;  // recv(2) hands out what is there
+    if (in_len_ >= kHeader && check_header() < 0) return -1;  // not waiting for a bad record's body
     if (in_off_ > 0 && in_.size() - in_off_ - in_len_ < kHeader + kMaxCipher) {
       std::memmove(in_.data(), in_.data() + in_off_, in_len_);  // the start of one record
       in_off_ = 0;

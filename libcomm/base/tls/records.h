@@ -13,7 +13,8 @@
 // traffic secrets (OpenSSL's key log callback: tls.cc), expanded as section 7.3 says. Before a
 // key has sealed kRecordsPerKey records its sender sends a KeyUpdate and both ends move to the
 // next secret (section 4.6.3), far below AES-GCM's limit of 2^24.5 records per key (section 5.5).
-// Alerts: close_notify reads as a close, any other alert as EPROTO naming it.
+// Alerts: close_notify reads as a close (and so does every later read), any other alert as
+// EPROTO naming it. A failure is for good: no record after one that failed is ever read.
 #pragma once
 
 #include <sys/types.h>
@@ -31,8 +32,9 @@ namespace comm::tls {
 class Records {
  public:
   // tx/rx: this end's and the peer's application traffic secrets (32 bytes, SHA-256).
-  static std::unique_ptr<Records> create(int fd, const std::string& tx_secret, const std::string& rx_secret,
-                                         std::string* why);
+  // client: this end is the TLS client (only a client accepts a NewSessionTicket).
+  static std::unique_ptr<Records> create(int fd, bool client, const std::string& tx_secret,
+                                         const std::string& rx_secret, std::string* why);
   ~Records();
   Records(const Records&) = delete;
   Records& operator=(const Records&) = delete;
@@ -59,12 +61,17 @@ class Records {
   bool next_key(Direction* d);
   size_t seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t len, uint8_t* out);
   ssize_t open_one(uint8_t* dst, size_t room);
+  ssize_t check_header();
   bool whole_record_held() const;
   ssize_t fail(const std::string& what);
 
   int fd_ = -1;
+  bool client_ = false;
   Direction tx_, rx_;
   std::string why_;
+  bool broken_ = false;  // a record failed to open, an alert came, or the cipher failed: for good
+  bool closed_ = false;  // the peer's close_notify came
+  bool ask_peer_update_ = false;  // the peer's key is near its limit: the next KeyUpdate asks it to move
   // Sending: sealed records not yet taken by the kernel. Only the first may have gone in part
   // (out_sent_ of its bytes); owed_ is its plaintext length, counted once it is all out.
   std::vector<uint8_t> out_;  // its first out_len_ bytes

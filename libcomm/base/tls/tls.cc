@@ -265,7 +265,9 @@ void Session::keylog(const SSL* ssl, const char* line) {
   p = std::strchr(p + 24, ' ');
   if (p == nullptr) return;
   ++p;
+  OPENSSL_cleanse(to->data(), to->size());
   to->clear();
+  to->reserve(64);  // no reallocation while it fills: no freed copy of the secret left unwiped
   auto hex = [](char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
   for (; p[0] != '\0' && p[1] != '\0'; p += 2) to->push_back(static_cast<char>(hex(p[0]) << 4 | hex(p[1])));
 }
@@ -273,16 +275,23 @@ void Session::keylog(const SSL* ssl, const char* line) {
 // After the handshake: the records become libcomm's where the context says so, the cipher is the
 // one records.cc seals with, and OpenSSL holds no bytes it read past the handshake (none come:
 // the side that finishes first waits for the other's first record; else OpenSSL keeps them).
+// Our records start both directions at sequence 0 under the first application keys, which holds
+// only while OpenSSL has sent nothing under them: no tickets (SSL_CTX_set_num_tickets(ctx, 0)
+// above), no key update (a reused nonce would break AES-GCM outright).
 void Session::take_records() {
   const SSL_CIPHER* cipher = SSL_get_current_cipher(ssl_);
-  if (records_ || !ctx_->own_records() || cipher == nullptr || (SSL_CIPHER_get_id(cipher) & 0xffff) != 0x1301 ||
-      SSL_has_pending(ssl_) == 1 || client_secret_.size() != 32 || server_secret_.size() != 32)
-    return;
+  const bool eligible = !records_ && ctx_->own_records() && cipher != nullptr &&
+                        (SSL_CIPHER_get_id(cipher) & 0xffff) == 0x1301 && SSL_has_pending(ssl_) == 0 &&
+                        SSL_get_num_tickets(ssl_) == 0 && SSL_get_key_update_type(ssl_) == SSL_KEY_UPDATE_NONE &&
+                        client_secret_.size() == 32 && server_secret_.size() == 32;
   const bool client = role_ == Role::kClient;
   std::string why;
-  records_ = Records::create(SSL_get_fd(ssl_), client ? client_secret_ : server_secret_,
-                             client ? server_secret_ : client_secret_, &why);
-  if (!records_) COMM_WARN(kNet, "%s; OpenSSL keeps the records", why.c_str());
+  if (eligible) {
+    records_ = Records::create(SSL_get_fd(ssl_), client, client ? client_secret_ : server_secret_,
+                               client ? server_secret_ : client_secret_, &why);
+    if (!records_) COMM_WARN(kNet, "%s; OpenSSL keeps the records", why.c_str());
+  }
+  // Wiped on every path: OpenSSL keeps its own copy where it keeps the records.
   OPENSSL_cleanse(client_secret_.data(), client_secret_.size());
   OPENSSL_cleanse(server_secret_.data(), server_secret_.size());
   client_secret_.clear();
@@ -396,6 +405,18 @@ ssize_t Session::write(const void* buf, size_t n) {
     const int r = SSL_write_ex(ssl_, static_cast<const char*>(buf) + total, n - total, &put);
     if (r == 1) {
       total += put;
+      sent_under_key_ += put;
+      // OpenSSL 3.0 never updates a key by itself: as records.cc does, move both ends' keys long
+      // before AES-GCM's limit of 2^24.5 records per key (RFC 8446 section 5.5). Asked right
+      // after a write that went out whole, so the KeyUpdate leads the next write.
+      if (sent_under_key_ >= kBytesPerKey) {
+        if (SSL_key_update(ssl_, SSL_KEY_UPDATE_REQUESTED) != 1) {
+          why_ = "TLS write failed: the key update failed: " + openssl_errors();
+          errno = EPROTO;
+          return -1;
+        }
+        sent_under_key_ = 0;
+      }
       continue;
     }
     const ssize_t failed = fail(r, "write");

@@ -136,6 +136,10 @@ class Session {
   Role role_ = Role::kClient;
   std::string why_;
   std::string client_secret_, server_secret_;
+  // OpenSSL's records: plaintext sent since the last key update (write() updates every 2^23
+  // full records' worth, as records.cc does).
+  uint64_t sent_under_key_ = 0;
+  static constexpr uint64_t kBytesPerKey = (uint64_t{1} << 23) * 16384;
   std::unique_ptr<Records> records_;
 };
 
