@@ -175,6 +175,20 @@ class Transport {
   Status irecv(int peer, const OpTag& tag, void* buf, size_t bytes, RequestId* id) {
     return checked_post(Post{false, peer, tag, static_cast<char*>(buf), bytes}, id);
   }
+  // A receive from whichever peer's next send/recv message comes first (MPI_ANY_SOURCE, Gloo's
+  // recvFromAny). It takes a message from peer p only when no receive posted before it waits
+  // for p (the caller posts no receive after it until it completes), so messages from one peer
+  // still match in order. The message is checked as irecv() checks it, against `tag` with
+  // seq = next_seq[p] (the caller's per-peer receive counter, read when it matches); *source
+  // is written with p when it matches. Messages of collectives are never taken.
+  virtual Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                           RequestId* id) {
+    (void)tag, (void)next_seq, (void)buf, (void)bytes, (void)source, (void)id;
+    return Status(COMM_ERR_UNAVAILABLE, std::string("the ") + name() +
+                                            " transport has no receive from any source (COMM_ANY_SOURCE); "
+                                            "receive from a named rank, or run every rank over one transport "
+                                            "(COMM_TRANSPORT=socket, or ucx)");
+  }
 
   // Drive progress until every listed request completes. Fails with TIMEOUT when no byte
   // moves for timeout_ms (naming the peer waited on), REMOTE when a peer died or reported an

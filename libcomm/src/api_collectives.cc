@@ -50,7 +50,16 @@ Status validate(comm_t c, const algo::CollArgs& a, int raw_dtype, int raw_op, co
   if ((a.kind == CollKind::kBroadcast || a.kind == CollKind::kReduce) && (a.root < 0 || a.root >= c->size))
     return InvalidArgument(where + "root " + std::to_string(a.root) + " is not a rank of this communicator (0.." +
                            std::to_string(c->size - 1) + ")");
-  if (a.kind == CollKind::kSendRecv) {
+  if (a.kind == CollKind::kSendRecv && a.peer == COMM_ANY_SOURCE) {
+    if (a.sendbuf != nullptr)
+      return InvalidArgument(where + "peer COMM_ANY_SOURCE is for receives; a send names its rank");
+    if (grouped)
+      return InvalidArgument(where + "a receive from any rank (COMM_ANY_SOURCE) cannot be inside "
+                                     "comm_group_start/comm_group_end; issue it outside the group");
+    if (a.count == 0)
+      return InvalidArgument(where + "a receive of 0 elements from any rank (COMM_ANY_SOURCE) can never tell which "
+                                     "rank it matched (a send of 0 elements moves nothing); name the rank");
+  } else if (a.kind == CollKind::kSendRecv) {
     if (a.peer < 0 || a.peer >= c->size)
       return InvalidArgument(where + "peer " + std::to_string(a.peer) + " is not a rank of this communicator (0.." +
                              std::to_string(c->size - 1) + ")");
@@ -104,9 +113,18 @@ comm_status_t issue(comm_t c, algo::CollArgs a, int raw_dtype, int raw_op, comm_
     if (!dtype_valid(raw_dtype)) a.dtype = COMM_UINT8;  // keep validate's size arithmetic defined
     const bool grouped = in_group();
     COMM_RETURN_IF_ERROR(validate(c, a, raw_dtype, raw_op, where, grouped && !nonblocking));
+    const bool any_source = a.kind == CollKind::kSendRecv && a.peer == COMM_ANY_SOURCE;
+    if (any_source && stream != nullptr)
+      return InvalidArgument(where + "a receive from any rank (COMM_ANY_SOURCE) takes host buffers (stream NULL); "
+                                     "receive device buffers from a named rank");
     // A stream means device buffers: NCCL on that stream, or staged through pinned host memory.
     if (stream != nullptr) return device::issue(c, a, stream, grouped).prefixed_at(c->rank, fn);
     if (nonblocking) return enqueue(c, a, req);
+    if (any_source) {  // always through the worker, which orders it among the receives in flight
+      comm_request_s* r = nullptr;
+      COMM_RETURN_IF_ERROR(enqueue(c, a, &r));
+      return wait_request(r);
+    }
     if (grouped) {
       COMM_RETURN_IF_ERROR(check_usable(c));
       stamp(c, &a);
@@ -235,6 +253,23 @@ COMM_API comm_status_t comm_irecv(comm_t c, void* buf, size_t n, comm_dtype_t t,
   auto a = comm::make(CollKind::kSendRecv, nullptr, buf, n);
   a.peer = peer;
   if (buf == nullptr && n == 0) a.recvbuf = comm::kEmptyBuffer;
+  return comm::issue(c, a, t, COMM_SUM, nullptr, req, true);
+}
+
+COMM_API comm_status_t comm_recv_any(comm_t c, void* buf, size_t n, comm_dtype_t t, int* source,
+                                     comm_stream_t stream) {
+  if (source != nullptr) *source = COMM_ANY_SOURCE;  // until a message matched
+  auto a = comm::make(CollKind::kSendRecv, nullptr, buf, n);
+  a.peer = COMM_ANY_SOURCE;
+  a.source = source;
+  return comm::issue(c, a, t, COMM_SUM, stream, nullptr, false);
+}
+COMM_API comm_status_t comm_irecv_any(comm_t c, void* buf, size_t n, comm_dtype_t t, int* source,
+                                      comm_request_t* req) {
+  if (source != nullptr) *source = COMM_ANY_SOURCE;
+  auto a = comm::make(CollKind::kSendRecv, nullptr, buf, n);
+  a.peer = COMM_ANY_SOURCE;
+  a.source = source;
   return comm::issue(c, a, t, COMM_SUM, nullptr, req, true);
 }
 

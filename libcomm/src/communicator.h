@@ -31,6 +31,7 @@ struct comm_request_s {
   comm::algo::CollArgs args;
   bool done = false;  // guarded by the communicator's queue mutex
   comm::Status status;
+  int matched = -1;  // a receive from any rank: the rank its message came from (the transport writes it)
 };
 
 namespace comm {
@@ -161,8 +162,13 @@ void destroy_communicator(comm_t comm);
 // fail_communicator(): engine_view.h.
 // Fails fast when the communicator is aborted or broken (with the error it broke with).
 Status check_usable(comm_t comm);
-// Stamps the tag (sequence number etc.) in issue order; call on the issuing thread.
+// Stamps the tag (sequence number etc.) in issue order; call on the issuing thread. A receive's
+// per-peer sequence number is left to stamp_receive, called where it is posted.
 void stamp(comm_t comm, algo::CollArgs* args);
+// A send/recv receive from a named rank takes its per-peer sequence number when it is posted to
+// the transport, not when issued: a receive from any rank (COMM_ANY_SOURCE) learns its rank only
+// when it matches, and receives issued after it are posted (and numbered) after that.
+void stamp_receive(comm_t comm, algo::CollArgs* args);
 // Runs one stamped call now on this thread; records a peer-involving failure as broken.
 Status execute(comm_t comm, const algo::CollArgs& args);
 // Blocking entry: waits for earlier non-blocking calls (issue order), then executes.
@@ -172,7 +178,7 @@ Status enqueue(comm_t comm, algo::CollArgs args, comm_request_s** req);
 Status wait_request(comm_request_s* req);
 Status test_request(comm_request_s* req, bool* done);
 // Several send/recv calls posted together and waited on together (group semantics).
-Status execute_p2p_batch(comm_t comm, const std::vector<algo::CollArgs>& calls);
+Status execute_p2p_batch(comm_t comm, std::vector<algo::CollArgs> calls);
 
 // "rank 2, allreduce #17: "
 std::string context(comm_t comm, const algo::CollArgs& args);

@@ -1,6 +1,7 @@
 // Running calls in issue order: inline on the caller's thread when nothing is queued,
 // otherwise through the communicator's worker thread (non-blocking calls).
 #include <cstring>
+#include <deque>
 
 #include "blame.h"
 #include "communicator.h"
@@ -12,6 +13,9 @@
 namespace comm {
 
 std::string context(comm_t c, const algo::CollArgs& args) {
+  if (args.kind == transport::CollKind::kSendRecv && args.peer == COMM_ANY_SOURCE)
+    return "rank " + std::to_string(c->rank) + ", receive from any rank (COMM_ANY_SOURCE, count " +
+           std::to_string(args.count) + ", " + dtype_name(args.dtype) + "): ";
   return "rank " + std::to_string(c->rank) + ", " + transport::describe(args.tag) + ": ";
 }
 
@@ -31,8 +35,7 @@ void stamp(comm_t c, algo::CollArgs* args) {
   tag.count = args->count;
   tag.root = -1;
   if (args->kind == transport::CollKind::kSendRecv) {
-    auto peer = static_cast<size_t>(args->peer);
-    tag.seq = args->sendbuf != nullptr ? c->send_seq[peer]++ : c->recv_seq[peer]++;
+    if (args->sendbuf != nullptr) tag.seq = c->send_seq[static_cast<size_t>(args->peer)]++;
     tag.op = 0;
     return;
   }
@@ -42,6 +45,11 @@ void stamp(comm_t c, algo::CollArgs* args) {
       args->kind == transport::CollKind::kAlltoall || args->kind == transport::CollKind::kBarrier)
     tag.op = 0;  // no reduction: the op is not part of what ranks must agree on
   tag.seq = c->next_seq++;
+}
+
+void stamp_receive(comm_t c, algo::CollArgs* args) {
+  if (args->kind != transport::CollKind::kSendRecv || args->sendbuf != nullptr || args->peer < 0) return;
+  args->tag.seq = c->recv_seq[static_cast<size_t>(args->peer)]++;
 }
 
 // Peers are told so that ranks waiting on someone else end promptly too (communicator.h).
@@ -121,10 +129,11 @@ Status execute(comm_t c, const algo::CollArgs& args) {
   return fail_communicator(c, st.prefixed(context(c, args)));
 }
 
-Status execute_p2p_batch(comm_t c, const std::vector<algo::CollArgs>& calls) {
+Status execute_p2p_batch(comm_t c, std::vector<algo::CollArgs> calls) {
   Driving driving(c);
   COMM_RETURN_IF_ERROR(check_usable(c));
   if (calls.empty()) return Status::Ok();
+  for (auto& call : calls) stamp_receive(c, &call);  // the worker is idle: group_end waited for it
   std::vector<transport::RequestId> ids;
   ids.reserve(calls.size());
   Status st;
@@ -176,6 +185,7 @@ Status run_blocking(comm_t c, algo::CollArgs args) {
     return wait_request(req);
   }
   stamp(c, &args);
+  stamp_receive(c, &args);  // the worker is idle: nothing else posts receives now
   return execute(c, args);
 }
 
@@ -199,36 +209,83 @@ struct InFlight {
   transport::RequestId id;
 };
 
-void post_p2p(comm_t c, comm_request_s* req, std::vector<InFlight>* inflight) {
+// The worker's sends and receives. While a receive from any rank (COMM_ANY_SOURCE) has not
+// completed, receives issued after it wait here, unposted: a message then goes to the earliest
+// receive that can take it, as in MPI (one from any rank takes a message from rank p only when
+// no receive posted before it waits for p), and the sequence number a receive from p expects is
+// known when it is posted. Sends never wait.
+struct P2p {
+  std::vector<InFlight> inflight;
+  std::deque<comm_request_s*> held;  // receives issued after any_open, in issue order
+  comm_request_s* any_open = nullptr;
+};
+
+void post_now(comm_t c, comm_request_s* req, P2p* p2p) {
   Driving driving(c);
-  const algo::CollArgs& a = req->args;
+  algo::CollArgs& a = req->args;
   Status st = check_usable(c);
+  stamp_receive(c, &a);
   size_t bytes = a.count * dtype_size(a.dtype);
   if (st.ok() && bytes == 0) return complete(c, req, st);
   transport::RequestId id = 0;
-  if (st.ok())
-    st = a.sendbuf != nullptr ? c->transport->isend(a.peer, a.tag, a.sendbuf, bytes, &id)
-                              : c->transport->irecv(a.peer, a.tag, a.recvbuf, bytes, &id);
+  const bool any = a.sendbuf == nullptr && a.peer == COMM_ANY_SOURCE;
+  req->matched = -1;
+  if (st.ok()) {
+    if (a.sendbuf != nullptr)
+      st = c->transport->isend(a.peer, a.tag, a.sendbuf, bytes, &id);
+    else if (any)
+      st = c->transport->irecv_any(a.tag, c->recv_seq.data(), a.recvbuf, bytes, &req->matched, &id);
+    else
+      st = c->transport->irecv(a.peer, a.tag, a.recvbuf, bytes, &id);
+  }
   if (!st.ok()) return complete(c, req, fail_communicator(c, st.prefixed(context(c, a))));
-  inflight->push_back({req, id});
+  if (any) p2p->any_open = req;
+  p2p->inflight.push_back({req, id});
 }
 
-// Completes whatever has finished; on a failure, every request in flight fails with it.
-void collect(comm_t c, std::vector<InFlight>* inflight, Status st) {
+void post_p2p(comm_t c, comm_request_s* req, P2p* p2p) {
+  if (req->args.sendbuf == nullptr && (p2p->any_open != nullptr || !p2p->held.empty())) {
+    p2p->held.push_back(req);
+    return;
+  }
+  post_now(c, req, p2p);
+}
+
+// Completes whatever has finished, then posts the receives a completed receive from any rank
+// held back; on a failure, every request in flight or held fails with it.
+void collect(comm_t c, P2p* p2p, Status st) {
   Driving driving(c);
-  for (size_t i = 0; i < inflight->size() && st.ok();) {
+  auto& inflight = p2p->inflight;
+  for (size_t i = 0; i < inflight.size() && st.ok();) {
     bool done = false;
-    st = c->transport->test((*inflight)[i].id, &done);
+    st = c->transport->test(inflight[i].id, &done);
     if (st.ok() && done) {
-      complete(c, (*inflight)[i].req, st);
-      inflight->erase(inflight->begin() + static_cast<std::ptrdiff_t>(i));
+      comm_request_s* req = inflight[i].req;
+      if (req == p2p->any_open) {  // the rank it came from: its next receive expects the next number
+        const int source = req->matched;
+        ++c->recv_seq[static_cast<size_t>(source)];
+        if (req->args.source != nullptr) *req->args.source = source;
+        p2p->any_open = nullptr;
+      }
+      complete(c, req, st);
+      inflight.erase(inflight.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
       ++i;
     }
   }
-  if (st.ok()) return;
-  for (auto& f : *inflight) complete(c, f.req, fail_communicator(c, st.prefixed(context(c, f.req->args))));
-  inflight->clear();
+  if (st.ok()) {
+    while (p2p->any_open == nullptr && !p2p->held.empty()) {
+      comm_request_s* req = p2p->held.front();
+      p2p->held.pop_front();
+      post_now(c, req, p2p);
+    }
+    return;
+  }
+  for (auto& f : inflight) complete(c, f.req, fail_communicator(c, st.prefixed(context(c, f.req->args))));
+  inflight.clear();
+  for (comm_request_s* req : p2p->held) complete(c, req, fail_communicator(c, st.prefixed(context(c, req->args))));
+  p2p->held.clear();
+  p2p->any_open = nullptr;
 }
 
 // A lazy worker wakes every kLazyPoll, up to kLazyWindow / kLazyPoll times after the last inline
@@ -252,7 +309,8 @@ void hand_back(comm_t c) {
 
 void worker_loop(comm_t c) {
   log::set_thread_rank(c->rank);
-  std::vector<InFlight> inflight;
+  P2p p2p;
+  std::vector<InFlight>& inflight = p2p.inflight;
   std::vector<transport::RequestId> ids;
   std::unique_lock<std::mutex> lock(c->queue_mu);
   auto can_take = [&] {
@@ -284,12 +342,12 @@ void worker_loop(comm_t c) {
       c->queue.pop_front();
       lock.unlock();
       if (req->args.kind == transport::CollKind::kSendRecv) {
-        post_p2p(c, req, &inflight);
+        post_p2p(c, req, &p2p);
       } else {
         // A collective's wait moves the in-flight sends/receives too (one transport).
         complete(c, req, execute(c, req->args));
       }
-      if (!inflight.empty()) collect(c, &inflight, Status::Ok());
+      if (!inflight.empty()) collect(c, &p2p, Status::Ok());
       lock.lock();
       continue;
     }
@@ -306,7 +364,7 @@ void worker_loop(comm_t c) {
     lock.lock();
     c->worker_in_transport = false;
     lock.unlock();
-    collect(c, &inflight, st);
+    collect(c, &p2p, st);
     lock.lock();
   }
 }

@@ -49,7 +49,7 @@ Status group_end() {
     std::vector<algo::CollArgs> p2p;
     for (auto& [k, args] : calls)
       if (k == c && args.kind == transport::CollKind::kSendRecv) p2p.push_back(args);
-    Status st = execute_p2p_batch(c, p2p);
+    Status st = execute_p2p_batch(c, std::move(p2p));
     if (!st.ok() && first.ok()) first = st;
     for (auto& [k, args] : calls) {
       if (k != c || args.kind == transport::CollKind::kSendRecv) continue;

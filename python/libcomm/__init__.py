@@ -14,7 +14,7 @@ from ._lib import path as library_path
 from ._version import __version__
 from .buffers import (BFLOAT16, FLOAT16, FLOAT32, FLOAT64, INT8, INT32, INT64, UINT8, UINT32,
                       UINT64, RawBuffer, dtype_code)
-from .communicator import (OPS, Communicator, MemBuffer, Request, bfloat16_bits, bfloat16_values,
+from .communicator import (ANY_SOURCE, OPS, Communicator, MemBuffer, Request, bfloat16_bits, bfloat16_values,
                            group, version)
 from .errors import (AbortedError, CommError, CommSystemError, CommTimeoutError, InternalError,
                      InvalidArgumentError, InvalidUsageError, RemoteError, UnavailableError,
@@ -22,7 +22,7 @@ from .errors import (AbortedError, CommError, CommSystemError, CommTimeoutError,
 
 __all__ = [
     "__version__", "Communicator", "Request", "MemBuffer", "RawBuffer", "group", "version", "library_path",
-    "dtype_code", "bfloat16_bits", "bfloat16_values", "status_string", "OPS",
+    "dtype_code", "bfloat16_bits", "bfloat16_values", "status_string", "OPS", "ANY_SOURCE",
     "CommError", "InvalidArgumentError", "InvalidUsageError", "CommSystemError",
     "CommTimeoutError", "RemoteError", "AbortedError", "UnavailableError", "InternalError",
     "FLOAT32", "FLOAT64", "FLOAT16", "BFLOAT16", "INT8", "UINT8", "INT32", "UINT32", "INT64",

@@ -116,6 +116,9 @@ _PROTOTYPES = {
     "comm_ibarrier": [c_comm, ctypes.POINTER(c_request)],
     "comm_isend": [c_comm, _p, _size, _int, _int, ctypes.POINTER(c_request)],
     "comm_irecv": [c_comm, _p, _size, _int, _int, ctypes.POINTER(c_request)],
+    "comm_recv_any": [c_comm, _p, _size, _int, ctypes.POINTER(_int), _p],
+    "comm_irecv_any": [c_comm, _p, _size, _int, ctypes.POINTER(_int), ctypes.POINTER(c_request)],
+    "comm_barrier_monitored": [c_comm, _int, _int, ctypes.POINTER(_int), _int, ctypes.POINTER(_int)],
     "comm_wait": [c_request],
     "comm_test": [c_request, ctypes.POINTER(_int)],
 }

@@ -10,6 +10,8 @@ from ._lib import COMM_CONFIG_VERSION, COMM_UNSET, CommConfig, lib
 from .buffers import DTYPE_NAMES, ITEMSIZE, NUMPY_OF, RawBuffer, as_buf, empty_like, void_p
 from .errors import check, invalid
 
+ANY_SOURCE = -2  # COMM_ANY_SOURCE (comm.h)
+
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 
 
@@ -31,14 +33,21 @@ class Request:
     """A non-blocking collective in flight. wait() returns its result buffer; the buffers
     stay referenced until it completes, so Python cannot free memory libcomm still writes."""
 
-    def __init__(self, comm, handle, what, result, keep):
+    def __init__(self, comm, handle, what, result, keep, source=None):
         self._comm = comm
         self._handle = handle
         self._what = what
         self._result = result
         self._keep = keep
         self._done = False
+        self._source = source  # a receive from any rank: the ctypes int libcomm writes the rank to
         comm._pending.add(self)
+
+    @property
+    def source(self):
+        """A receive from any rank (irecv_any): the rank its message came from, once complete
+        (None before, and for every other request)."""
+        return self._source.value if self._done and self._source is not None else None
 
     def _finish(self, status):
         self._done = True
@@ -379,6 +388,45 @@ class Communicator:
 
     def irecv(self, buf, peer, dtype=None):
         return self._recv(False, buf, peer, dtype)
+
+    # A receive from any rank (COMM_ANY_SOURCE, comm.h): the first message no earlier receive
+    # takes; messages from one rank still arrive in the order they were sent.
+    def recv_any(self, buf, dtype=None):
+        """Blocking; returns (buf, source): the rank the message came from."""
+        b = self._recv_buf(buf, dtype)
+        source = ctypes.c_int(ANY_SOURCE)
+        what = f"comm_recv_any (rank {self.rank} of {self.size})"
+        check(lib.comm_recv_any(self._live(), void_p(b.ptr), b.count, b.dtype, ctypes.byref(source),
+                                void_p(0)), what)
+        return buf, source.value
+
+    def irecv_any(self, buf, dtype=None):
+        """Non-blocking; request.wait() returns buf, request.source the rank once complete."""
+        b = self._recv_buf(buf, dtype)
+        source = ctypes.c_int(ANY_SOURCE)
+        req = ctypes.c_void_p()
+        what = f"comm_irecv_any (rank {self.rank} of {self.size})"
+        check(lib.comm_irecv_any(self._live(), void_p(b.ptr), b.count, b.dtype, ctypes.byref(source),
+                                 ctypes.byref(req)), what)
+        return Request(self, req.value, what, buf, (buf, b, source), source)
+
+    def _recv_buf(self, buf, dtype):
+        b = as_buf(buf, dtype, "recv: buf")
+        if not b.writable:
+            raise invalid("libcomm: recv: buf is read-only")
+        if b.stream:
+            raise invalid("libcomm: a receive from any rank takes host memory")
+        return b
+
+    def barrier_monitored(self, timeout_ms, wait_all=False):
+        """comm_barrier_monitored (gloo's monitoredBarrier): rank 0 waits up to timeout_ms for
+        every rank. Raises CommTimeoutError naming the missing ranks (rank 0) or rank 0's silence
+        (the others); on failure this communicator is aborted (give it one of its own: dup())."""
+        missing = (ctypes.c_int * max(self.size, 1))()
+        n_missing = ctypes.c_int(0)
+        what = f"comm_barrier_monitored (rank {self.rank} of {self.size})"
+        check(lib.comm_barrier_monitored(self._live(), int(timeout_ms), 1 if wait_all else 0, missing,
+                                         self.size, ctypes.byref(n_missing)), what)
 
 
 class group:

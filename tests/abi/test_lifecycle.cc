@@ -165,6 +165,22 @@ TEST_CASE("comm_get_version reports the header's ABI version", "[lifecycle]") {
   CHECK(minor == COMM_ABI_VERSION_MINOR);
 }
 
+TEST_CASE("ABI 1.7: COMM_ANY_SOURCE, comm_recv_any and comm_irecv_any are declared and exported", "[lifecycle]") {
+  STATIC_REQUIRE(COMM_ABI_VERSION_MAJOR == 1);
+  STATIC_REQUIRE(COMM_ABI_VERSION_MINOR >= 7);
+  STATIC_REQUIRE(COMM_ANY_SOURCE < 0);  // never a rank
+  STATIC_REQUIRE(COMM_ANY_SOURCE != COMM_UNSET);
+  comm_status_t (*recv_any)(comm_t, void*, size_t, comm_dtype_t, int*, comm_stream_t) = comm_recv_any;
+  comm_status_t (*irecv_any)(comm_t, void*, size_t, comm_dtype_t, int*, comm_request_t*) = comm_irecv_any;
+  CHECK(recv_any != nullptr);
+  CHECK(irecv_any != nullptr);
+  int source = 0, x = 0;
+  comm_request_t req = nullptr;
+  CHECK(comm_recv_any(nullptr, &x, 1, COMM_INT32, &source, nullptr) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(source == COMM_ANY_SOURCE);  // written before anything else: no rank matched
+  CHECK(comm_irecv_any(nullptr, &x, 1, COMM_INT32, &source, &req) == COMM_ERR_INVALID_ARGUMENT);
+}
+
 TEST_CASE("comm_get_version_string gives meson's release and the git commit", "[lifecycle]") {
   const char* text = comm_get_version_string();
   REQUIRE(text != nullptr);

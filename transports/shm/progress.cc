@@ -60,6 +60,7 @@ Status ShmTransport::post_request(const Post& call, RequestId* id) {
   r.bytes = bytes;
   r.moved = 0;
   r.until_tail = 0;
+  r.any = false;
   ++active_;
   Peer& p = peers_[static_cast<size_t>(i)];
   if (is_send) {
@@ -74,6 +75,65 @@ Status ShmTransport::post_request(const Post& call, RequestId* id) {
   return st.ok() ? st : fail(st);
 }
 
+Status ShmTransport::irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                               RequestId* id) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (id == nullptr || next_seq == nullptr || source == nullptr)
+    return InvalidArgument("shm transport: null pointer for a receive from any rank");
+  if (buf == nullptr && bytes > 0)
+    return InvalidArgument("shm transport: null buffer for " + std::to_string(bytes) + " bytes");
+  uint32_t index;
+  COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
+  Request& r = pool_[index];
+  r.is_send = false;
+  r.done = false;
+  r.peer = -1;
+  r.tag = tag;
+  r.buf = static_cast<char*>(buf);
+  r.bytes = bytes;
+  r.moved = 0;
+  r.until_tail = 0;
+  r.any = true;
+  r.source = source;
+  r.next_seq = next_seq;
+  ++active_;
+  push(any_recvs_, index);
+  bool moved = false;
+  Status st = match_any(&moved);  // a message may be waiting already
+  return st.ok() ? st : fail(st);
+}
+
+// A message at the head of channel i belongs to the oldest receive posted for i; only when
+// there is none may a receive from any rank take it (the core posts no receive after one from
+// any rank until it completes, so this is MPI's order). Peers are looked at in turn, starting
+// after the last one matched, so a chatty rank does not starve the others.
+Status ShmTransport::match_any(bool* moved) {
+  const int n = static_cast<int>(peers_.size());
+  while (!any_recvs_.empty()) {
+    int found = -1;
+    for (int k = 0; k < n && found < 0; ++k) {
+      const int i = (any_turn_ + k) % n;
+      if (i == me_ || !peers_[static_cast<size_t>(i)].recvs.empty()) continue;
+      ChannelHead* ch = channel_in(i);
+      const uint64_t tail = ch->tail.value.load(std::memory_order_relaxed);  // ours alone
+      if (tail >= ch->head.value.load(std::memory_order_acquire)) continue;
+      if (op_tag(slot_of(ch, tail)->tag).coll == CollKind::kSendRecv) found = i;  // never a collective's
+    }
+    if (found < 0) return Status::Ok();
+    any_turn_ = (found + 1) % n;
+    const uint32_t index = pop(any_recvs_);
+    Request& r = pool_[index];
+    const int source = peers_[static_cast<size_t>(found)].rank;
+    r.peer = found;
+    r.any = false;
+    r.tag.seq = r.next_seq[source];
+    *r.source = source;
+    push(peers_[static_cast<size_t>(found)].recvs, index);
+    COMM_RETURN_IF_ERROR(recv_progress(found, moved));  // checks the tag as irecv() does
+  }
+  return Status::Ok();
+}
+
 // ---- moving bytes ----------------------------------------------------------------------------
 
 Status ShmTransport::progress(bool* moved) {
@@ -85,6 +145,7 @@ Status ShmTransport::progress(bool* moved) {
     if (!p.acks.empty() && ack_progress(i)) *moved = true;
     if (!p.recvs.empty()) COMM_RETURN_IF_ERROR(recv_progress(i, moved));
   }
+  if (!any_recvs_.empty()) COMM_RETURN_IF_ERROR(match_any(moved));
   return Status::Ok();
 }
 
@@ -235,6 +296,12 @@ Status ShmTransport::channel_disagreement(int i, const OpTag& mine) {
 }
 
 Status ShmTransport::request_stuck(const Request& r, bool timed_out, std::string* text) {
+  if (r.any) {  // no message came from any local rank: only the deadline ends it
+    const std::string one = "any rank (receive from any source, COMM_ANY_SOURCE, of " + std::to_string(r.bytes) +
+                            " bytes: no rank sent a message)";
+    if (timed_out && text->find(one) == std::string::npos) *text += (text->empty() ? "" : "; ") + one;
+    return Status::Ok();
+  }
   COMM_RETURN_IF_ERROR(check_alive(r.peer, describe(r.tag)));
   COMM_RETURN_IF_ERROR(one_sided_disagreement(r.peer, r.tag));
   if (!timed_out) return Status::Ok();

@@ -246,7 +246,7 @@ Status ShmTransport::wait_some(const RequestId* ids, size_t n) {
 Status ShmTransport::note_unfinished(const Status& failure, const RequestId* ids, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const Request& r = pool_.of(ids[i]);
-    if (!r.done) note_awaited(failure, peers_[static_cast<size_t>(r.peer)].rank, r.tag);
+    if (!r.done && !r.any) note_awaited(failure, peers_[static_cast<size_t>(r.peer)].rank, r.tag);
   }
   seal_wait_failure(failure);
   return failure;

@@ -43,6 +43,10 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   size_t moved = 0;          // bytes copied into (send) or out of (receive) the channel so far
   uint64_t until_tail = 0;   // zero-copy send: done once the receiver's tail reaches this
   uint32_t next = kNil;      // the queue it is in
+  // A receive from any rank (irecv_any) until it matched: peer -1, in any_recvs_.
+  bool any = false;
+  int* source = nullptr;              // irecv_any: the matched rank goes here
+  const uint64_t* next_seq = nullptr;  // irecv_any: the caller's per-rank receive counters
 };
 
 struct Queue {
@@ -84,6 +88,8 @@ class ShmTransport final : public Transport, public LocalAccess {
 
   // ---- Transport
   const char* name() const override { return "shm"; }
+  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                   RequestId* id) override;
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;
   Status wait_some(const RequestId* ids, size_t n) override;
@@ -167,6 +173,9 @@ class ShmTransport final : public Transport, public LocalAccess {
   bool send_progress(int i);
   bool ack_progress(int i);
   Status recv_progress(int i, bool* moved);
+  // Gives the oldest receives from any rank the messages waiting at the head of a channel
+  // that no earlier receive claims (progress.cc).
+  Status match_any(bool* moved);
   ChannelHead* channel_out(int i) const;  // this rank -> i, in this rank's segment
   ChannelHead* channel_in(int i) const;   // i -> this rank, in i's segment
   SlotHeader* slot_of(ChannelHead* ch, uint64_t n) const;
@@ -195,6 +204,8 @@ class ShmTransport final : public Transport, public LocalAccess {
 
   RequestPool<Request, kPoolBits> pool_{"shm"};
   size_t active_ = 0;  // requests posted and not released
+  Queue any_recvs_;    // receives from any rank not matched yet, oldest first
+  int any_turn_ = 0;   // where match_any looks first: every local peer gets its turn
 
   // One-sided call state.
   uint64_t call_ = 0;        // calls begun

@@ -38,6 +38,12 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   char* buf = nullptr;
   uint64_t bytes = 0;
   Part parts[kMaxConns];
+  // A receive from any rank (irecv_any) until it matched: peer -1, no parts, in the transport's
+  // queue of such receives (threaded through any_next).
+  bool any = false;
+  int* source = nullptr;
+  const uint64_t* next_seq = nullptr;
+  uint32_t any_next = kNil;
 };
 
 // A part is named by request index * kMaxConns + part index.

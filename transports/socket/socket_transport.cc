@@ -98,6 +98,15 @@ Status SocketTransport::post_request(const Post& call, RequestId* id) {
   r.tag = tag;
   r.buf = buf;
   r.bytes = bytes;
+  r.any = false;
+  return place(index);
+}
+
+Status SocketTransport::place(uint32_t index) {
+  Request& r = pool_[index];
+  const bool is_send = r.is_send;
+  const int peer = r.peer;
+  const uint64_t bytes = r.bytes;
   int n = stripe_parts(bytes, nconns_);
   r.nparts = static_cast<uint8_t>(n);
   r.parts_left = static_cast<uint8_t>(n);
@@ -134,6 +143,69 @@ Status SocketTransport::post_request(const Post& call, RequestId* id) {
   return Status::Ok();
 }
 
+Status SocketTransport::irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                                  RequestId* id) {
+  Entry entry(*this);
+  COMM_RETURN_IF_ERROR(usable());
+  if (id == nullptr || next_seq == nullptr || source == nullptr)
+    return InvalidArgument("socket transport: null pointer for a receive from any rank");
+  if (buf == nullptr && bytes > 0)
+    return InvalidArgument("socket transport: null buffer for " + std::to_string(bytes) + " bytes");
+  uint32_t index;
+  COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
+  Request& r = pool_[index];
+  r.is_send = false;
+  r.peer = -1;
+  r.tag = tag;
+  r.buf = static_cast<char*>(buf);
+  r.bytes = bytes;
+  r.nparts = 0;
+  r.parts_left = 1;  // unfinished until it matched and its parts arrived
+  r.large = false;
+  r.any = true;
+  r.source = source;
+  r.next_seq = next_seq;
+  r.any_next = kNil;
+  if (any_tail_ == kNil)
+    any_head_ = index;
+  else
+    pool_[any_tail_].any_next = index;
+  any_tail_ = index;
+  Status st = match_any();  // a message may be stashed already
+  return st.ok() ? st : fail(st);
+}
+
+// Every message has its first part on connection #0, so a DATA header stashed there with no
+// receive queued is the peer's next message, unclaimed; a receive from any rank takes it (the
+// core posts no receive after one from any rank until it completes, so this is MPI's order).
+// Peers are looked at in turn, starting after the last one matched, so none is starved.
+Status SocketTransport::match_any() {
+  const int n = size();
+  while (any_head_ != kNil) {
+    int found = -1;
+    for (int k = 0; k < n && found < 0; ++k) {
+      const int peer = (any_turn_ + k) % n;
+      if (peer == rank()) continue;
+      const Connection& c = conn(peer, 0);
+      if (!c.closed && c.state == RecvState::kStashed && c.receives.empty() &&
+          c.recv_hdr.coll == static_cast<uint8_t>(CollKind::kSendRecv))  // never a collective's
+        found = peer;
+    }
+    if (found < 0) return Status::Ok();
+    any_turn_ = (found + 1) % n;
+    const uint32_t index = any_head_;
+    Request& r = pool_[index];
+    any_head_ = r.any_next;
+    if (any_head_ == kNil) any_tail_ = kNil;
+    r.any = false;
+    r.peer = found;
+    r.tag.seq = r.next_seq[found];
+    *r.source = found;
+    COMM_RETURN_IF_ERROR(place(index));  // matches the stashed header: checked as irecv() checks it
+  }
+  return Status::Ok();
+}
+
 // A peer we still need bytes from (or must send bytes to) whose connection is gone.
 Status SocketTransport::check_peers(Request& r) {
   for (int k = 0; k < r.nparts; ++k) {
@@ -166,7 +238,7 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
   auto failed = [&](const Status& st) {
     for (size_t i = 0; i < n; ++i) {
       const Request& r = pool_.of(ids[i]);
-      if (r.parts_left > 0) note_awaited(st, r.peer, r.tag);
+      if (r.parts_left > 0 && !r.any) note_awaited(st, r.peer, r.tag);
     }
     seal_wait_failure(st);
     return fail(st);
@@ -209,7 +281,7 @@ Status SocketTransport::test(RequestId id, bool* done) {
   COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));
   Request& r = pool_[index];
   if (Status st = take_thread_failure(); !st.ok()) {  // as drive() reports it: naming whom it needed
-    if (r.parts_left > 0) note_awaited(st, r.peer, r.tag);
+    if (r.parts_left > 0 && !r.any) note_awaited(st, r.peer, r.tag);
     seal_wait_failure(st);
     return fail(st);
   }
@@ -234,6 +306,12 @@ std::string SocketTransport::timeout_message(const RequestId* ids, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     Request& r = pool_.of(ids[i]);
     if (r.parts_left == 0) continue;
+    if (r.any) {
+      const std::string one = "any rank (receive from any source, COMM_ANY_SOURCE, of " + std::to_string(r.bytes) +
+                              " bytes: no rank sent a message)";
+      if (parts.find(one) == std::string::npos) parts += (parts.empty() ? "" : "; ") + one;
+      continue;
+    }
     uint64_t moved = 0;
     for (int k = 0; k < r.nparts; ++k) {
       uint64_t d = r.parts[k].done;
@@ -247,7 +325,7 @@ std::string SocketTransport::timeout_message(const RequestId* ids, size_t n) {
   std::string unconnected;
   for (size_t i = 0; i < n && mesh_; ++i) {
     Request& r = pool_.of(ids[i]);
-    if (r.parts_left == 0 || conn(r.peer, 0).fd.valid()) continue;
+    if (r.parts_left == 0 || r.any || conn(r.peer, 0).fd.valid()) continue;
     std::string one = "rank " + std::to_string(r.peer) + " is not connected (" + mesh_->why_not_connected(r.peer) + ")";
     if (unconnected.find(one) == std::string::npos) unconnected += "; " + one;
   }

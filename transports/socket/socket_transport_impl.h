@@ -41,6 +41,8 @@ class SocketTransport final : public Transport {
 
   const char* name() const override { return "socket"; }
 
+  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                   RequestId* id) override;
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;
   Status wait_some(const RequestId* ids, size_t n) override;
@@ -59,6 +61,11 @@ class SocketTransport final : public Transport {
   // the same cores.
   std::chrono::microseconds spin_{0};
   Status post_request(const Post& call, RequestId* id) override;  // after transport.h's checks
+  // Splits request `index` (its peer known) into parts queued on the peer's connections.
+  Status place(uint32_t index);
+  // Gives the oldest receives from any rank the messages stashed on a connection #0 that no
+  // earlier receive claims (socket_transport.cc).
+  Status match_any();
 
   // ---- the progress thread (progress_thread.cc) ----
   // Every entry point (post, wait, test, check_idle, notify_peers) holds an Entry: the lock on
@@ -150,6 +157,8 @@ class SocketTransport final : public Transport {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> woken_{false};  // wake() since the last wait_some
   Status failed_;
+  uint32_t any_head_ = kNil, any_tail_ = kNil;  // receives from any rank not matched yet, oldest first
+  int any_turn_ = 0;  // where match_any looks first: every peer gets its turn
   uint64_t moved_ = 0;  // bytes moved on any connection: "no progress" means this stood still
   std::chrono::milliseconds heartbeat_{0};  // COMM_HEARTBEAT_MS (Options.heartbeat_ms); 0: none
   Clock::time_point next_beat_{};

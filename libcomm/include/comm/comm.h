@@ -23,9 +23,10 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 6 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+#define COMM_ABI_VERSION_MINOR 7 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
                                     comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2;
-                                    4: comm_shrink; 5: comm_engine_test; 6: comm_barrier_monitored */
+                                    4: comm_shrink; 5: comm_engine_test; 6: comm_barrier_monitored;
+                                    7: COMM_ANY_SOURCE, comm_recv_any, comm_irecv_any */
 
 typedef enum {
   COMM_OK = 0,
@@ -169,6 +170,21 @@ COMM_API comm_status_t comm_send(comm_t comm, const void* buf, size_t count, com
                                  int peer, comm_stream_t stream);
 COMM_API comm_status_t comm_recv(comm_t comm, void* buf, size_t count, comm_dtype_t dtype, int peer,
                                  comm_stream_t stream);
+/* Receive from any rank (MPI_ANY_SOURCE, Gloo's recvFromAny), since ABI 1.7: peer COMM_ANY_SOURCE
+ * in comm_recv / comm_irecv, or comm_recv_any / comm_irecv_any, which also say which rank the
+ * message came from. The first send from any rank of the communicator that no earlier receive
+ * takes is matched: a receive posted before it for rank p takes p's next message first, and
+ * messages from one rank match receives in the order they were sent (non-overtaking). The message
+ * is checked as comm_recv checks it (count and dtype must agree: COMM_ERR_INVALID_USAGE otherwise).
+ * Host buffers only (stream NULL), not inside a group, count > 0. The communicator's timeout
+ * (COMM_TIMEOUT_MS) bounds the wait as any other: COMM_ERR_TIMEOUT names the receive from any rank.
+ * *source (may be NULL) is COMM_ANY_SOURCE until the message matched, then its rank: for
+ * comm_irecv_any it is written when the request completes (keep it valid until comm_wait or
+ * comm_test reports it done, as the buffer). Over shared memory and sockets; the UCX transport
+ * answers COMM_ERR_UNAVAILABLE. */
+#define COMM_ANY_SOURCE (-2)
+COMM_API comm_status_t comm_recv_any(comm_t comm, void* buf, size_t count, comm_dtype_t dtype, int* source,
+                                     comm_stream_t stream);
 /* NCCL's group semantics: calls between start and end (per thread, nestable) are issued
  * together at the outermost end, so sends and receives among them cannot deadlock. */
 COMM_API comm_status_t comm_group_start(void);
@@ -193,6 +209,8 @@ COMM_API comm_status_t comm_isend(comm_t comm, const void* buf, size_t count, co
                                   int peer, comm_request_t* req);
 COMM_API comm_status_t comm_irecv(comm_t comm, void* buf, size_t count, comm_dtype_t dtype, int peer,
                                   comm_request_t* req);
+COMM_API comm_status_t comm_irecv_any(comm_t comm, void* buf, size_t count, comm_dtype_t dtype, int* source,
+                                      comm_request_t* req);
 /* Blocks until the request completes, returns its status and frees it. */
 COMM_API comm_status_t comm_wait(comm_request_t req);
 /* *done = 1 when complete (then the request is freed and its status returned), else 0. */

@@ -24,7 +24,8 @@ struct CollArgs {
   comm_dtype_t dtype = COMM_FLOAT32;
   comm_op_t op = COMM_SUM;
   int root = 0;  // broadcast / reduce
-  int peer = -1; // send / recv
+  int peer = -1; // send / recv; COMM_ANY_SOURCE: a receive from whichever rank sends first
+  int* source = nullptr;  // a receive from any rank: where the rank it came from goes (may be null)
   transport::OpTag tag;  // filled by the communicator (seq, kind, count, dtype, op, root)
 };
 

@@ -417,8 +417,22 @@ class ProcessGroupLibcomm : public c10d::ProcessGroup {
     });
   }
 
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-    TORCH_CHECK(false, "libcomm: receive from any source is not supported (comm.h receives from a named peer)");
+  // comm_irecv_any (COMM_ANY_SOURCE): the first message from any rank that no earlier receive
+  // takes; the Work's sourceRank() is that rank once it completed, as gloo's recvFromAny reports.
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int /*tag*/) override {
+    Buf b(single(tensors, "recv"), "recv");
+    auto source = std::make_shared<int>(COMM_ANY_SOURCE);
+    auto work = c10::make_intrusive<LibcommWork>(exec_, getRank(), OpType::RECVANYSOURCE, title("recvAnySource"),
+                                                 tensors, tensors, -1);
+    LibcommWork* w = work.get();  // alive while its request is pending (Executor::Pending holds it)
+    exec_->push(Executor::Job{work, nullptr, [this, b, source, w](comm_request_t* req) {
+      check(comm_irecv_any(p2p_, b.ptr(), b.count(), b.dtype, source.get(), req), "recv (from any source)");
+      return std::function<void()>([b, source, w]() mutable {
+        b.copy_back();
+        w->set_source(*source);
+      });
+    }});
+    return work;
   }
 
  private:
