@@ -107,6 +107,39 @@ def send_recv_ring_in_a_group(comm):
 
 
 @case
+def receive_from_any_rank_reports_the_source(comm):
+    size, rank = comm.size, comm.rank
+    if rank != 0:
+        for i in range(3):
+            comm.send(np.array([rank, i], np.int32), 0)
+    else:
+        nxt = [0] * size
+        for m in range(3 * (size - 1)):
+            got = np.full(2, -1, np.int32)
+            if m % 2:
+                req = comm.irecv_any(got)
+                assert req.source is None  # not before it completed
+                req.wait()
+                src = req.source
+            else:
+                _, src = comm.recv_any(got)
+            assert got[0] == src and got[1] == nxt[src], (m, got, src, nxt)  # in the order sent
+            nxt[src] += 1
+        assert nxt[1:] == [3] * (size - 1)
+        expect_raises(libcomm.InvalidArgumentError, lambda: comm.recv_any(np.zeros(0, np.int32)))
+    comm.barrier()
+
+
+@case
+def monitored_barrier_passes_when_every_rank_arrives(comm):
+    c = comm.dup()  # a failure would abort it (comm.h): its own communicator
+    try:
+        c.barrier_monitored(20000, wait_all=True)
+    finally:
+        c.destroy()
+
+
+@case
 def nonblocking_complete_in_issue_order(comm):
     size, rank = comm.size, comm.rank
     xs = [np.full(1000, rank + i, np.float32) for i in range(8)]
