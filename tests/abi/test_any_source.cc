@@ -1,8 +1,8 @@
 // Receives from any rank (COMM_ANY_SOURCE, comm_recv_any, comm_irecv_any; ABI 1.7) between real
 // processes: several senders, each sender's messages in the order sent, directed receives mixed
 // in (the earlier-posted receive takes a rank's message), large messages, and the deadline.
-// Over shared memory (every rank on this host, the default choice) and sockets (the meson test
-// abi-any-source-socket sets ABI_TRANSPORT=socket). One at a time: the last one measures a deadline.
+// Over shared memory (every rank on this host, the default choice), sockets and UCX (the meson
+// tests abi-any-source-socket and -ucx set ABI_TRANSPORT). One at a time: the last one measures a deadline.
 #include <string>
 
 #include <catch2/catch.hpp>

@@ -88,7 +88,8 @@ Status UcxTransport::usable() {
   return failed_;
 }
 
-Status UcxTransport::start(Part& part, bool is_send, ucp_ep_h ep, void* buf, size_t bytes, uint64_t tag) {
+Status UcxTransport::start(Part& part, bool is_send, ucp_ep_h ep, void* buf, size_t bytes, uint64_t tag,
+                          uint64_t mask) {
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.user_data = &part;
@@ -104,7 +105,7 @@ Status UcxTransport::start(Part& part, bool is_send, ucp_ep_h ep, void* buf, siz
     // Receives always complete through the callback, which records the arrived length.
     rp.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     rp.cb.recv = &UcxTransport::on_recv;
-    req = ucx_library().ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &rp);
+    req = ucx_library().ucp_tag_recv_nbx(worker_, buf, bytes, tag, mask, &rp);
   }
   if (req == nullptr || UCS_PTR_IS_ERR(req)) {  // done at once (small sends), or failed at once
     part.pending = false;
@@ -129,8 +130,16 @@ Status UcxTransport::post_request(const Post& call, RequestId* id) {
   r.tag = tag;
   r.buf = buf;
   r.bytes = bytes;
-  r.parts_left = bytes > 0 ? 2 : 1;  // an empty message is its header alone
+  r.any = false;
+  return start_request(r);
+}
 
+Status UcxTransport::start_request(Request& r) {
+  const bool is_send = r.is_send;
+  const int peer = r.peer;
+  const OpTag& tag = r.tag;
+  const size_t bytes = r.bytes;
+  r.parts_left = bytes > 0 ? 2 : 1;  // an empty message is its header alone
   Peer& p = peers_[static_cast<size_t>(peer)];
   const uint64_t number = is_send ? p.sent++ : p.received++;
   const uint64_t wire_tag = data_tag(is_send ? rank() : peer, number);
@@ -147,8 +156,76 @@ Status UcxTransport::post_request(const Post& call, RequestId* id) {
     h.dtype = tag.dtype;
     h.op = tag.op;
   }
-  COMM_RETURN_IF_ERROR(start(r.parts[0], is_send, p.ep, &r.header, sizeof r.header, wire_tag | kHeaderBit));
-  if (bytes > 0) COMM_RETURN_IF_ERROR(start(r.parts[1], is_send, p.ep, buf, bytes, wire_tag));
+  // A send/recv's header says so (kP2pBit); a directed receive takes either kind, so a
+  // disagreement is still named by check_header instead of left unmatched.
+  const uint64_t p2p = is_send && tag.coll == CollKind::kSendRecv ? kP2pBit : 0;
+  COMM_RETURN_IF_ERROR(start(r.parts[0], is_send, p.ep, &r.header, sizeof r.header, wire_tag | kHeaderBit | p2p,
+                             ~kP2pBit));
+  if (bytes > 0) COMM_RETURN_IF_ERROR(start(r.parts[1], is_send, p.ep, r.buf, bytes, wire_tag));
+  return Status::Ok();
+}
+
+Status UcxTransport::irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                               RequestId* id) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (id == nullptr || next_seq == nullptr || source == nullptr)
+    return InvalidArgument("UCX transport: null pointer for a receive from any rank");
+  if (buf == nullptr && bytes > 0)
+    return InvalidArgument("UCX transport: null buffer for " + std::to_string(bytes) + " bytes");
+  uint32_t index;
+  COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
+  Request& r = pool_[index];
+  r.is_send = false;
+  r.peer = -1;
+  r.tag = tag;
+  r.buf = static_cast<char*>(buf);
+  r.bytes = bytes;
+  r.parts_left = 1;  // unfinished until it matched and its parts arrived
+  for (Part& part : r.parts) {
+    part.pending = false;
+    part.ucp = nullptr;
+  }
+  r.any = true;
+  r.source = source;
+  r.next_seq = next_seq;
+  r.any_next = kNil;
+  if (any_tail_ == kNil)
+    any_head_ = index;
+  else
+    pool_[any_tail_].any_next = index;
+  any_tail_ = index;
+  Status st = match_any();  // a message may be waiting already
+  return st.ok() ? st : fail(st);
+}
+
+// Every receive posted before this one took its peer's messages by number, so peer p's message
+// number `received` is the first no receive claims: when UCX holds its header (unexpected) and it
+// is a send/recv's, the oldest receive from any rank takes that number (MPI's order: the core
+// posts no receive after one from any rank until it completes). Peers are looked at in turn.
+Status UcxTransport::match_any() {
+  const int n = size();
+  while (any_head_ != kNil) {
+    int found = -1;
+    for (int k = 0; k < n && found < 0; ++k) {
+      const int peer = (any_turn_ + k) % n;
+      const Peer& p = peers_[static_cast<size_t>(peer)];
+      if (peer == rank() || p.ep == nullptr) continue;
+      ucp_tag_recv_info_t info{};
+      const uint64_t header = data_tag(peer, p.received) | kHeaderBit | kP2pBit;
+      if (ucx_library().ucp_tag_probe_nb(worker_, header, ~uint64_t{0}, 0, &info) != nullptr) found = peer;
+    }
+    if (found < 0) return Status::Ok();
+    any_turn_ = (found + 1) % n;
+    const uint32_t index = any_head_;
+    Request& r = pool_[index];
+    any_head_ = r.any_next;
+    if (any_head_ == kNil) any_tail_ = kNil;
+    r.any = false;
+    r.peer = found;
+    r.tag.seq = r.next_seq[found];
+    *r.source = found;
+    COMM_RETURN_IF_ERROR(start_request(r));  // its header is then checked as irecv()'s is
+  }
   return Status::Ok();
 }
 
@@ -197,6 +274,7 @@ Status UcxTransport::check(Request& r) {
 }
 
 Status UcxTransport::check_pending(Request& r) {
+  if (r.any) return Status::Ok();  // not matched yet: only the deadline ends it
   // A receive whose header is in: a disagreement shows now, not after the timeout.
   if (!r.is_send && !r.parts[0].pending && r.parts[0].status == UCS_OK)
     COMM_RETURN_IF_ERROR(check_header(r, key_, rank()));
@@ -251,7 +329,7 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
   auto fail = [&](const Status& st) {
     for (size_t i = 0; i < n; ++i) {
       const Request& r = pool_.of(ids[i]);
-      if (r.parts_left > 0) note_awaited(st, r.peer, r.tag);
+      if (r.parts_left > 0 && !r.any) note_awaited(st, r.peer, r.tag);
     }
     seal_wait_failure(st);
     return this->fail(st);
@@ -280,6 +358,10 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
     if (clock.expired(now)) return fail(Timeout(timeout_message(ids, n)));
     const uint64_t before = completions_;
     const unsigned events = ucx_library().ucp_worker_progress(worker_);
+    if (any_head_ != kNil) {
+      Status st = match_any();
+      if (!st.ok()) return fail(st);
+    }
     if (completions_ != before) {
       clock.moved();
       continue;
@@ -302,6 +384,10 @@ Status UcxTransport::test(RequestId id, bool* done) {
   COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));
   Request& r = pool_[index];
   if (r.parts_left > 0) ucx_library().ucp_worker_progress(worker_);
+  if (any_head_ != kNil) {
+    Status st = match_any();
+    if (!st.ok()) return fail(st);
+  }
   Status st = r.parts_left == 0 ? check(r) : check_pending(r);
   if (!st.ok()) return fail(st);
   if (r.parts_left > 0 && report_arrived_) {
@@ -320,8 +406,10 @@ std::string UcxTransport::timeout_message(const RequestId* ids, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const Request& r = pool_.of(ids[i]);
     if (r.parts_left == 0) continue;
-    std::string one = "rank " + std::to_string(r.peer) + " (" + (r.is_send ? "send of " : "receive of ") +
-                      describe(r.tag) + ", " + std::to_string(r.bytes) + " bytes, UCX)";
+    std::string one = r.any ? "any rank (receive from any source, COMM_ANY_SOURCE, of " + std::to_string(r.bytes) +
+                                  " bytes, UCX: no rank sent a message)"
+                            : "rank " + std::to_string(r.peer) + " (" + (r.is_send ? "send of " : "receive of ") +
+                                  describe(r.tag) + ", " + std::to_string(r.bytes) + " bytes, UCX)";
     if (parts.find(one) != std::string::npos) continue;
     parts += (parts.empty() ? "" : "; ") + one;
   }

@@ -48,6 +48,7 @@ void load(UcxLibrary* u) {
   COMM_RESOLVE(ucp_ep_close_nbx);
   COMM_RESOLVE(ucp_tag_send_nbx);
   COMM_RESOLVE(ucp_tag_recv_nbx);
+  COMM_RESOLVE(ucp_tag_probe_nb);
   COMM_RESOLVE(ucp_request_check_status);
   COMM_RESOLVE(ucp_request_cancel);
   COMM_RESOLVE(ucp_request_free);

@@ -33,6 +33,7 @@ struct UcxLibrary {
   COMM_UCX_FN(ucp_ep_close_nbx);
   COMM_UCX_FN(ucp_tag_send_nbx);
   COMM_UCX_FN(ucp_tag_recv_nbx);
+  COMM_UCX_FN(ucp_tag_probe_nb);
   COMM_UCX_FN(ucp_request_check_status);
   COMM_UCX_FN(ucp_request_cancel);
   COMM_UCX_FN(ucp_request_free);

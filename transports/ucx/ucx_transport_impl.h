@@ -28,12 +28,15 @@ constexpr auto kSpin = std::chrono::microseconds(50);  // then block on the work
 constexpr auto kNotifyBudget = std::chrono::milliseconds(100);
 constexpr size_t kMaxErrorText = 512;
 
-// Tag layout: bit 63 header, bit 62 error report, bits 40..61 source rank, bits 0..39 message number.
+// Tag layout: bit 63 header, bit 62 error report, bit 61 (headers) a send/recv message, bits 40..60
+// source rank, bits 0..39 message number. Bit 61 lets a receive from any rank probe for a peer's
+// next message only when it is a send/recv's (irecv_any); directed receives ignore it.
 constexpr uint64_t kHeaderBit = 1ull << 63;
 constexpr uint64_t kErrorBit = 1ull << 62;
+constexpr uint64_t kP2pBit = 1ull << 61;
 constexpr int kRankShift = 40;
 constexpr uint64_t kNumberMask = (1ull << kRankShift) - 1;
-constexpr int kMaxRanks = 1 << 22;
+constexpr int kMaxRanks = 1 << 21;
 inline uint64_t data_tag(int src, uint64_t number) {
   return (static_cast<uint64_t>(src) << kRankShift) | (number & kNumberMask);
 }
@@ -83,6 +86,12 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   WireHeader header;      // sends: what goes out; receives: what arrived
   Part parts[2];          // [0] header, [1] payload (not used for empty messages)
   uint8_t parts_left = 0;
+  // A receive from any rank (irecv_any) until it matched: peer -1, nothing started, in the
+  // transport's queue of such receives (threaded through any_next).
+  bool any = false;
+  int* source = nullptr;
+  const uint64_t* next_seq = nullptr;
+  uint32_t any_next = kNil;
 };
 
 struct Peer {
@@ -112,6 +121,8 @@ class UcxTransport final : public Transport {
   Status connect_peer(int r, const Deadline& deadline);
 
   const char* name() const override { return "ucx"; }
+  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                   RequestId* id) override;
   Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
   Status test(RequestId id, bool* done) override;
@@ -129,7 +140,13 @@ class UcxTransport final : public Transport {
  private:
   Status connect_all(const Deadline& deadline);
   Status post_request(const Post& call, RequestId* id) override;  // after transport.h's checks
-  Status start(Part& part, bool is_send, ucp_ep_h ep, void* buf, size_t bytes, uint64_t tag);
+  Status start(Part& part, bool is_send, ucp_ep_h ep, void* buf, size_t bytes, uint64_t tag,
+               uint64_t mask = ~uint64_t{0});
+  // Starts request r's header and payload operations, its peer known.
+  Status start_request(Request& r);
+  // Gives the oldest receives from any rank a peer's next message when UCX holds its header,
+  // unexpected, and it is a send/recv's (ucp_tag_probe_nb; progress.cc).
+  Status match_any();
   Status drive(const RequestId* ids, size_t n, bool any);
   Status check(Request& r);        // a finished request: statuses, then the header against the posted call
   Status check_pending(Request& r);  // an unfinished one: is its peer still there?
@@ -164,6 +181,8 @@ class UcxTransport final : public Transport {
   Part report_part_;
   bool report_arrived_ = false;
   Clock::time_point next_pid_check_{};
+  uint32_t any_head_ = kNil, any_tail_ = kNil;  // receives from any rank not matched yet, oldest first
+  int any_turn_ = 0;  // where match_any looks first: every peer gets its turn
   uint64_t completions_ = 0;  // operations finished: "no progress" means this stood still
   std::atomic<bool> aborted_{false};
   std::atomic<bool> woken_{false};
