@@ -124,8 +124,14 @@ _PROTOTYPES = {
 }
 
 
+# Since ABI 1.6 and 1.7: bound when the library has them (an older one still loads; calling them raises).
+_NEWER = {"comm_barrier_monitored", "comm_recv_any", "comm_irecv_any"}
+
+
 def _bind(lib):
     for name, argtypes in _PROTOTYPES.items():
+        if name in _NEWER and not hasattr(lib, name):
+            continue
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = c_status
