@@ -184,6 +184,19 @@ class Transport {
   virtual Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
                            RequestId* id) {
     (void)tag, (void)next_seq, (void)buf, (void)bytes, (void)source, (void)id;
+    return no_any_source();
+  }
+
+  // For a transport that routes to others (routed/routed_transport.cc), which cannot hand one
+  // receive from any rank to two of them: moves what can move without blocking, then sets
+  // *source to a peer whose next message is one irecv_any would take now (a send/recv's that no
+  // posted receive claims), or to -1. Takes nothing: a directed receive from that peer, posted
+  // next with seq = next_seq[peer], is the one that takes it. Peers are reported in turn.
+  virtual Status probe_any(int* source) {
+    *source = -1;
+    return no_any_source();
+  }
+  Status no_any_source() const {
     return Status(COMM_ERR_UNAVAILABLE, std::string("the ") + name() +
                                             " transport has no receive from any source (COMM_ANY_SOURCE); "
                                             "receive from a named rank, or run every rank over one transport "

@@ -107,20 +107,37 @@ Status ShmTransport::irecv_any(const OpTag& tag, const uint64_t* next_seq, void*
 // there is none may a receive from any rank take it (the core posts no receive after one from
 // any rank until it completes, so this is MPI's order). Peers are looked at in turn, starting
 // after the last one matched, so a chatty rank does not starve the others.
-Status ShmTransport::match_any(bool* moved) {
+int ShmTransport::find_any() {
   const int n = static_cast<int>(peers_.size());
-  while (!any_recvs_.empty()) {
-    int found = -1;
-    for (int k = 0; k < n && found < 0; ++k) {
-      const int i = (any_turn_ + k) % n;
-      if (i == me_ || !peers_[static_cast<size_t>(i)].recvs.empty()) continue;
-      ChannelHead* ch = channel_in(i);
-      const uint64_t tail = ch->tail.value.load(std::memory_order_relaxed);  // ours alone
-      if (tail >= ch->head.value.load(std::memory_order_acquire)) continue;
-      if (op_tag(slot_of(ch, tail)->tag).coll == CollKind::kSendRecv) found = i;  // never a collective's
+  for (int k = 0; k < n; ++k) {
+    const int i = (any_turn_ + k) % n;
+    if (i == me_ || !peers_[static_cast<size_t>(i)].recvs.empty()) continue;
+    ChannelHead* ch = channel_in(i);
+    const uint64_t tail = ch->tail.value.load(std::memory_order_relaxed);  // ours alone
+    if (tail >= ch->head.value.load(std::memory_order_acquire)) continue;
+    if (op_tag(slot_of(ch, tail)->tag).coll == CollKind::kSendRecv) {  // never a collective's
+      any_turn_ = (i + 1) % n;
+      return i;
     }
+  }
+  return -1;
+}
+
+Status ShmTransport::probe_any(int* source) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (source == nullptr) return InvalidArgument("shm transport: null source pointer for a probe");
+  bool moved = false;
+  Status st = progress(&moved);
+  if (!st.ok()) return fail(st);
+  const int i = find_any();
+  *source = i < 0 ? -1 : peers_[static_cast<size_t>(i)].rank;
+  return Status::Ok();
+}
+
+Status ShmTransport::match_any(bool* moved) {
+  while (!any_recvs_.empty()) {
+    const int found = find_any();
     if (found < 0) return Status::Ok();
-    any_turn_ = (found + 1) % n;
     const uint32_t index = pop(any_recvs_);
     Request& r = pool_[index];
     const int source = peers_[static_cast<size_t>(found)].rank;

@@ -90,6 +90,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   const char* name() const override { return "shm"; }
   Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
                    RequestId* id) override;
+  Status probe_any(int* source) override;
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;
   Status wait_some(const RequestId* ids, size_t n) override;
@@ -176,6 +177,9 @@ class ShmTransport final : public Transport, public LocalAccess {
   // Gives the oldest receives from any rank the messages waiting at the head of a channel
   // that no earlier receive claims (progress.cc).
   Status match_any(bool* moved);
+  // The local index of a peer whose message at the head of its channel a receive from any rank
+  // would take (a send/recv's, no receive posted for that peer), in turn; -1: none.
+  int find_any();
   ChannelHead* channel_out(int i) const;  // this rank -> i, in this rank's segment
   ChannelHead* channel_in(int i) const;   // i -> this rank, in i's segment
   SlotHeader* slot_of(ChannelHead* ch, uint64_t n) const;

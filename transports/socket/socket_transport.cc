@@ -179,20 +179,37 @@ Status SocketTransport::irecv_any(const OpTag& tag, const uint64_t* next_seq, vo
 // receive queued is the peer's next message, unclaimed; a receive from any rank takes it (the
 // core posts no receive after one from any rank until it completes, so this is MPI's order).
 // Peers are looked at in turn, starting after the last one matched, so none is starved.
-Status SocketTransport::match_any() {
+int SocketTransport::find_any() {
   const int n = size();
-  while (any_head_ != kNil) {
-    int found = -1;
-    for (int k = 0; k < n && found < 0; ++k) {
-      const int peer = (any_turn_ + k) % n;
-      if (peer == rank()) continue;
-      const Connection& c = conn(peer, 0);
-      if (!c.closed && c.state == RecvState::kStashed && c.receives.empty() &&
-          c.recv_hdr.coll == static_cast<uint8_t>(CollKind::kSendRecv))  // never a collective's
-        found = peer;
+  for (int k = 0; k < n; ++k) {
+    const int peer = (any_turn_ + k) % n;
+    if (peer == rank()) continue;
+    const Connection& c = conn(peer, 0);
+    if (!c.closed && c.state == RecvState::kStashed && c.receives.empty() &&
+        c.recv_hdr.coll == static_cast<uint8_t>(CollKind::kSendRecv)) {  // never a collective's
+      any_turn_ = (peer + 1) % n;
+      return peer;
     }
+  }
+  return -1;
+}
+
+Status SocketTransport::probe_any(int* source) {
+  Entry entry(*this);
+  COMM_RETURN_IF_ERROR(usable());
+  if (source == nullptr) return InvalidArgument("socket transport: null source pointer for a probe");
+  if (Status st = take_thread_failure(); !st.ok()) return fail(st);
+  Status st = progress(0);  // reads the headers that arrived
+  if (!st.ok()) return fail(st);
+  COMM_RETURN_IF_ERROR(usable());
+  *source = find_any();
+  return Status::Ok();
+}
+
+Status SocketTransport::match_any() {
+  while (any_head_ != kNil) {
+    const int found = find_any();
     if (found < 0) return Status::Ok();
-    any_turn_ = (found + 1) % n;
     const uint32_t index = any_head_;
     Request& r = pool_[index];
     any_head_ = r.any_next;

@@ -43,6 +43,7 @@ class SocketTransport final : public Transport {
 
   Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
                    RequestId* id) override;
+  Status probe_any(int* source) override;
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;
   Status wait_some(const RequestId* ids, size_t n) override;
@@ -66,6 +67,9 @@ class SocketTransport final : public Transport {
   // Gives the oldest receives from any rank the messages stashed on a connection #0 that no
   // earlier receive claims (socket_transport.cc).
   Status match_any();
+  // A peer whose next message, stashed on its connection #0, a receive from any rank would take
+  // (a send/recv's that no receive claims), in turn; -1: none.
+  int find_any();
 
   // ---- the progress thread (progress_thread.cc) ----
   // Every entry point (post, wait, test, check_idle, notify_peers) holds an Entry: the lock on

@@ -202,20 +202,38 @@ Status UcxTransport::irecv_any(const OpTag& tag, const uint64_t* next_seq, void*
 // number `received` is the first no receive claims: when UCX holds its header (unexpected) and it
 // is a send/recv's, the oldest receive from any rank takes that number (MPI's order: the core
 // posts no receive after one from any rank until it completes). Peers are looked at in turn.
-Status UcxTransport::match_any() {
+int UcxTransport::find_any() {
   const int n = size();
-  while (any_head_ != kNil) {
-    int found = -1;
-    for (int k = 0; k < n && found < 0; ++k) {
-      const int peer = (any_turn_ + k) % n;
-      const Peer& p = peers_[static_cast<size_t>(peer)];
-      if (peer == rank() || p.ep == nullptr) continue;
-      ucp_tag_recv_info_t info{};
-      const uint64_t header = data_tag(peer, p.received) | kHeaderBit | kP2pBit;
-      if (ucx_library().ucp_tag_probe_nb(worker_, header, ~uint64_t{0}, 0, &info) != nullptr) found = peer;
+  for (int k = 0; k < n; ++k) {
+    const int peer = (any_turn_ + k) % n;
+    const Peer& p = peers_[static_cast<size_t>(peer)];
+    if (peer == rank() || p.ep == nullptr) continue;
+    ucp_tag_recv_info_t info{};
+    const uint64_t header = data_tag(peer, p.received) | kHeaderBit | kP2pBit;
+    if (ucx_library().ucp_tag_probe_nb(worker_, header, ~uint64_t{0}, 0, &info) != nullptr) {
+      any_turn_ = (peer + 1) % n;
+      return peer;
     }
+  }
+  return -1;
+}
+
+Status UcxTransport::probe_any(int* source) {
+  COMM_RETURN_IF_ERROR(usable());
+  if (source == nullptr) return InvalidArgument("UCX transport: null source pointer for a probe");
+  ucx_library().ucp_worker_progress(worker_);
+  if (report_arrived_) {
+    Status st = take_report();
+    if (!st.ok()) return fail(st);
+  }
+  *source = find_any();
+  return Status::Ok();
+}
+
+Status UcxTransport::match_any() {
+  while (any_head_ != kNil) {
+    const int found = find_any();
     if (found < 0) return Status::Ok();
-    any_turn_ = (found + 1) % n;
     const uint32_t index = any_head_;
     Request& r = pool_[index];
     any_head_ = r.any_next;

@@ -123,6 +123,7 @@ class UcxTransport final : public Transport {
   const char* name() const override { return "ucx"; }
   Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
                    RequestId* id) override;
+  Status probe_any(int* source) override;
   Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
   Status test(RequestId id, bool* done) override;
@@ -147,6 +148,9 @@ class UcxTransport final : public Transport {
   // Gives the oldest receives from any rank a peer's next message when UCX holds its header,
   // unexpected, and it is a send/recv's (ucp_tag_probe_nb; progress.cc).
   Status match_any();
+  // A peer whose next message's header UCX holds, unexpected, and is a send/recv's, in turn;
+  // -1: none.
+  int find_any();
   Status drive(const RequestId* ids, size_t n, bool any);
   Status check(Request& r);        // a finished request: statuses, then the header against the posted call
   Status check_pending(Request& r);  // an unfinished one: is its peer still there?
