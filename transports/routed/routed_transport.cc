@@ -1,6 +1,9 @@
 // Routing each request to the transport that reaches its peer. A wait whose requests are all
 // on one side is that side's own wait (blocking in poll() or on a futex); a wait that spans
 // both polls the two with test() and backs off into short sleeps, bounded by the timeout.
+// A receive from any rank cannot be handed to both sides (each could take a message): it waits
+// here, unposted, while each side's probe_any() says whose next message it would take; the first
+// one seen gets a directed receive from that rank on that side, which takes exactly that message.
 #include "routed/routed_transport.h"
 
 #include <time.h>
@@ -37,12 +40,42 @@ class RoutedTransport final : public Transport {
   Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
 
+  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                   RequestId* id) override {
+    COMM_RETURN_IF_ERROR(failed_);
+    if (id == nullptr || next_seq == nullptr || source == nullptr)
+      return InvalidArgument("routed transport: null pointer for a receive from any rank");
+    if (buf == nullptr && bytes > 0)
+      return InvalidArgument("routed transport: null buffer for " + std::to_string(bytes) + " bytes");
+    if (free_head_ == kNil)
+      return Internal("routed transport: all " + std::to_string(kPoolSize) + " request slots are in use");
+    const uint32_t index = free_head_;
+    Entry& e = pool_[index];
+    e.is_near = false;
+    e.is_send = false;
+    e.completed = false;
+    e.peer = -1;
+    e.tag = tag;
+    e.any = Any{static_cast<char*>(buf), bytes, source, next_seq};
+    free_head_ = e.next;
+    e.active = true;
+    unmatched_.push_back(index);
+    *id = (e.generation << kPoolBits) | index;
+    bool moved = false;
+    return match_any(&moved);  // a message may be waiting already
+  }
+
   Status test(RequestId id, bool* done) override {
     COMM_RETURN_IF_ERROR(failed_);
     uint32_t index;
     COMM_RETURN_IF_ERROR(lookup(id, &index));
     Entry& e = pool_[index];
+    if (!unmatched_.empty()) {
+      bool moved = false;
+      COMM_RETURN_IF_ERROR(match_any(&moved));
+    }
     *done = e.completed;
+    if (e.peer < 0) return Status::Ok();  // from any rank, not matched yet
     if (!e.completed) {
       Status st = side(e).test(e.sub_id, done);
       if (!st.ok()) return fail(st);
@@ -79,13 +112,20 @@ class RoutedTransport final : public Transport {
   }
 
  private:
+  struct Any {  // a receive from any rank: what its directed receive is posted with
+    char* buf = nullptr;
+    size_t bytes = 0;
+    int* source = nullptr;
+    const uint64_t* next_seq = nullptr;
+  };
   struct Entry {
     bool active = false;
     bool is_near = false;
     bool is_send = false;
     bool completed = false;  // its sub-request finished (and was released) in a wait_some
-    int peer = -1;
+    int peer = -1;  // -1: a receive from any rank, not matched yet (in unmatched_)
     OpTag tag;
+    Any any;
     RequestId sub_id = 0;
     uint32_t generation = 1;
     uint32_t next = kNil;
@@ -119,6 +159,36 @@ class RoutedTransport final : public Transport {
     return Status::Ok();
   }
 
+  // The oldest receives from any rank take the first message either side reports (the core posts
+  // no receive after one from any rank until it completes, so this is MPI's order); the side
+  // asked first alternates, so neither starves the other.
+  Status match_any(bool* moved) {
+    while (!unmatched_.empty()) {
+      int source = -1;
+      bool near = near_first_;
+      for (int k = 0; k < 2 && source < 0; ++k, near = !near) {
+        Status st = (near ? *near_ : *far_).probe_any(&source);
+        if (!st.ok()) return fail(st);
+        if (source >= 0 && is_local_[static_cast<size_t>(source)] != near) source = -1;  // not its to reach
+        if (source >= 0) break;
+      }
+      if (source < 0) return Status::Ok();
+      near_first_ = !near;
+      const uint32_t index = unmatched_.front();
+      Entry& e = pool_[index];
+      e.is_near = near;
+      e.peer = source;
+      e.tag.seq = e.any.next_seq[source];
+      Status st = side(e).irecv(source, e.tag, e.any.buf, e.any.bytes, &e.sub_id);  // checked as irecv()'s
+      if (!st.ok()) return fail(st);
+      *e.any.source = source;
+      unmatched_.erase(unmatched_.begin());
+      live_.push_back(index);
+      *moved = true;
+    }
+    return Status::Ok();
+  }
+
   Status lookup(RequestId id, uint32_t* index) const {
     const uint32_t i = id & (kPoolSize - 1);
     if (!pool_[i].active || pool_[i].generation != (id >> kPoolBits))
@@ -132,6 +202,7 @@ class RoutedTransport final : public Transport {
     if (!e.active) return;
     e.active = false;
     forget(index);
+    std::erase(unmatched_, index);
     e.generation = (e.generation + 1) & ((1u << (32 - kPoolBits)) - 1);
     if (e.generation == 0) e.generation = 1;
     e.next = free_head_;
@@ -184,7 +255,7 @@ class RoutedTransport final : public Transport {
     }
     if (pending < n && any) return Status::Ok();  // one is finished already
     const bool one_side = near_count == 0 || near_count == pending;
-    if (pending > 0 && one_side && !other_side_live(near_count > 0)) {
+    if (pending > 0 && one_side && unmatched_.empty() && !other_side_live(near_count > 0)) {
       Transport& t = near_count > 0 ? *near_ : *far_;
       sub_ids_.clear();
       for (size_t i = 0; i < n; ++i)
@@ -206,6 +277,7 @@ class RoutedTransport final : public Transport {
     auto nap = std::chrono::microseconds(0);
     for (;;) {
       bool all = true, some = false, moved = false;
+      COMM_RETURN_IF_ERROR(match_any(&moved));
       // Every request still moving, listed or not, on both sides.
       for (size_t k = 0; k < live_.size();) {
         Entry& e = pool_[live_[k]];
@@ -251,8 +323,9 @@ class RoutedTransport final : public Transport {
     for (size_t i = 0; i < n; ++i) {
       const Entry& e = pool_[ids[i] & (kPoolSize - 1)];
       if (e.completed) continue;
-      std::string one = "rank " + std::to_string(e.peer) + " (" + (e.is_send ? "send of " : "receive of ") +
-                        describe(e.tag) + ", " + side(e).name() + ")";
+      std::string one = e.peer < 0 ? "any rank (receive of " + describe(e.tag) + ", " + name_ + ")"
+                                   : "rank " + std::to_string(e.peer) + " (" + (e.is_send ? "send of " : "receive of ") +
+                                         describe(e.tag) + ", " + side(e).name() + ")";
       if (parts.find(one) == std::string::npos) parts += (parts.empty() ? "" : "; ") + one;
     }
     return "no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
@@ -266,6 +339,8 @@ class RoutedTransport final : public Transport {
   uint32_t free_head_ = 0;
   std::vector<RequestId> sub_ids_;
   std::vector<uint32_t> live_;  // entries whose sub-request is still pending
+  std::vector<uint32_t> unmatched_;  // receives from any rank not matched yet, oldest first
+  bool near_first_ = true;           // which side match_any asks first
   std::atomic<bool> aborted_{false};
   std::atomic<bool> woken_{false};
   Status failed_;
