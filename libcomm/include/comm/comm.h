@@ -180,9 +180,8 @@ COMM_API comm_status_t comm_recv(comm_t comm, void* buf, size_t count, comm_dtyp
  * (COMM_TIMEOUT_MS) bounds the wait as any other: COMM_ERR_TIMEOUT names the receive from any rank.
  * *source (may be NULL) is COMM_ANY_SOURCE until the message matched, then its rank: for
  * comm_irecv_any it is written when the request completes (keep it valid until comm_wait or
- * comm_test reports it done, as the buffer). Over shared memory, sockets and UCX; a communicator
- * whose ranks mix two transports (shared memory inside hosts, sockets or UCX between) answers
- * COMM_ERR_UNAVAILABLE: run it with COMM_TRANSPORT=socket or ucx. */
+ * comm_test reports it done, as the buffer). Over shared memory, sockets and UCX, and a
+ * communicator whose ranks mix them (shared memory inside hosts, sockets or UCX between). */
 #define COMM_ANY_SOURCE (-2)
 COMM_API comm_status_t comm_recv_any(comm_t comm, void* buf, size_t count, comm_dtype_t dtype, int* source,
                                      comm_stream_t stream);
