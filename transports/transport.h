@@ -181,10 +181,15 @@ class Transport {
   // still match in order. The message is checked as irecv() checks it, against `tag` with
   // seq = next_seq[p] (the caller's per-peer receive counter, read when it matches); *source
   // is written with p when it matches. Messages of collectives are never taken.
-  virtual Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
-                           RequestId* id) {
-    (void)tag, (void)next_seq, (void)buf, (void)bytes, (void)source, (void)id;
-    return no_any_source();
+  // Its argument checks are made here, once, as isend/irecv's; then the transport's post_any().
+  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                   RequestId* id) {
+    if (id == nullptr || next_seq == nullptr || source == nullptr)
+      return InvalidArgument(std::string(name()) + " transport: null pointer for a receive from any rank");
+    if (buf == nullptr && bytes > 0)
+      return InvalidArgument(std::string(name()) + " transport: null buffer for " + std::to_string(bytes) +
+                             " bytes");
+    return post_any(tag, next_seq, buf, bytes, source, id);
   }
 
   // For a transport that routes to others (routed/routed_transport.cc), which cannot hand one
@@ -277,6 +282,13 @@ class Transport {
   // state, read under its own lock), take a request from its pool, queue it on `call.peer`'s
   // connection or queue, start it where it can (eager sends), set *id.
   virtual Status post_request(const Post& call, RequestId* id) = 0;
+  // irecv_any's part, after its checks (the same first steps as post_request's); by default a
+  // transport takes no receive from any rank.
+  virtual Status post_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                          RequestId* id) {
+    (void)tag, (void)next_seq, (void)buf, (void)bytes, (void)source, (void)id;
+    return no_any_source();
+  }
   // Whether this transport carries messages between this rank and `peer`, and how a refusal
   // says what it carries: any other rank by default; shared memory only this host's.
   virtual bool reaches(int peer) const { return peer >= 0 && peer < size() && peer != rank(); }

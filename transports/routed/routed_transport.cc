@@ -40,13 +40,9 @@ class RoutedTransport final : public Transport {
   Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
 
-  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
-                   RequestId* id) override {
+  Status post_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                  RequestId* id) override {
     COMM_RETURN_IF_ERROR(failed_);
-    if (id == nullptr || next_seq == nullptr || source == nullptr)
-      return InvalidArgument("routed transport: null pointer for a receive from any rank");
-    if (buf == nullptr && bytes > 0)
-      return InvalidArgument("routed transport: null buffer for " + std::to_string(bytes) + " bytes");
     if (free_head_ == kNil)
       return Internal("routed transport: all " + std::to_string(kPoolSize) + " request slots are in use");
     const uint32_t index = free_head_;

@@ -88,8 +88,8 @@ class ShmTransport final : public Transport, public LocalAccess {
 
   // ---- Transport
   const char* name() const override { return "shm"; }
-  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
-                   RequestId* id) override;
+  Status post_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                  RequestId* id) override;
   Status probe_any(int* source) override;
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;

@@ -143,14 +143,10 @@ Status SocketTransport::place(uint32_t index) {
   return Status::Ok();
 }
 
-Status SocketTransport::irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
-                                  RequestId* id) {
+Status SocketTransport::post_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                                RequestId* id) {
   Entry entry(*this);
   COMM_RETURN_IF_ERROR(usable());
-  if (id == nullptr || next_seq == nullptr || source == nullptr)
-    return InvalidArgument("socket transport: null pointer for a receive from any rank");
-  if (buf == nullptr && bytes > 0)
-    return InvalidArgument("socket transport: null buffer for " + std::to_string(bytes) + " bytes");
   uint32_t index;
   COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
   Request& r = pool_[index];

@@ -41,8 +41,8 @@ class SocketTransport final : public Transport {
 
   const char* name() const override { return "socket"; }
 
-  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
-                   RequestId* id) override;
+  Status post_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                  RequestId* id) override;
   Status probe_any(int* source) override;
   Status wait(const RequestId* ids, size_t n) override;
   Status test(RequestId id, bool* done) override;

@@ -165,13 +165,9 @@ Status UcxTransport::start_request(Request& r) {
   return Status::Ok();
 }
 
-Status UcxTransport::irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
-                               RequestId* id) {
+Status UcxTransport::post_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                             RequestId* id) {
   COMM_RETURN_IF_ERROR(usable());
-  if (id == nullptr || next_seq == nullptr || source == nullptr)
-    return InvalidArgument("UCX transport: null pointer for a receive from any rank");
-  if (buf == nullptr && bytes > 0)
-    return InvalidArgument("UCX transport: null buffer for " + std::to_string(bytes) + " bytes");
   uint32_t index;
   COMM_RETURN_IF_ERROR(pool_.acquire(&index, id));
   Request& r = pool_[index];

@@ -121,8 +121,8 @@ class UcxTransport final : public Transport {
   Status connect_peer(int r, const Deadline& deadline);
 
   const char* name() const override { return "ucx"; }
-  Status irecv_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
-                   RequestId* id) override;
+  Status post_any(const OpTag& tag, const uint64_t* next_seq, void* buf, size_t bytes, int* source,
+                  RequestId* id) override;
   Status probe_any(int* source) override;
   Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
