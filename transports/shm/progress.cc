@@ -104,19 +104,13 @@ Status ShmTransport::post_any(const OpTag& tag, const uint64_t* next_seq, void* 
 // any rank until it completes, so this is MPI's order). Peers are looked at in turn, starting
 // after the last one matched, so a chatty rank does not starve the others.
 int ShmTransport::find_any() {
-  const int n = static_cast<int>(peers_.size());
-  for (int k = 0; k < n; ++k) {
-    const int i = (any_turn_ + k) % n;
-    if (i == me_ || !peers_[static_cast<size_t>(i)].recvs.empty()) continue;
+  return next_peer_in_turn(static_cast<int>(peers_.size()), me_, &any_turn_, [this](int i) {
+    if (!peers_[static_cast<size_t>(i)].recvs.empty()) return false;
     ChannelHead* ch = channel_in(i);
     const uint64_t tail = ch->tail.value.load(std::memory_order_relaxed);  // ours alone
-    if (tail >= ch->head.value.load(std::memory_order_acquire)) continue;
-    if (op_tag(slot_of(ch, tail)->tag).coll == CollKind::kSendRecv) {  // never a collective's
-      any_turn_ = (i + 1) % n;
-      return i;
-    }
-  }
-  return -1;
+    return tail < ch->head.value.load(std::memory_order_acquire) &&
+           op_tag(slot_of(ch, tail)->tag).coll == CollKind::kSendRecv;  // never a collective's
+  });
 }
 
 Status ShmTransport::probe_any(int* source) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/any_source.h"
 #include "common/request_pool.h"
 #include "shm/domain.h"
 #include "shm/futex.h"

@@ -43,7 +43,7 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   bool any = false;
   int* source = nullptr;
   const uint64_t* next_seq = nullptr;
-  uint32_t any_next = kNil;
+  uint32_t any_next = kNil;  // transports/common/any_source.h
 };
 
 // A part is named by request index * kMaxConns + part index.

@@ -243,7 +243,7 @@ Status SocketTransport::on_header(Connection& c) {
   }
   c.state = RecvState::kStashed;
   c.hup_seen = false;
-  if (c.receives.empty()) return c.index == 0 && any_head_ != kNil ? match_any() : Status::Ok();
+  if (c.receives.empty()) return c.index == 0 && !any_recvs_.empty() ? match_any() : Status::Ok();
   return match(c);
 }
 

@@ -161,12 +161,7 @@ Status SocketTransport::post_any(const OpTag& tag, const uint64_t* next_seq, voi
   r.any = true;
   r.source = source;
   r.next_seq = next_seq;
-  r.any_next = kNil;
-  if (any_tail_ == kNil)
-    any_head_ = index;
-  else
-    pool_[any_tail_].any_next = index;
-  any_tail_ = index;
+  any_recvs_.push(pool_, index);
   Status st = match_any();  // a message may be stashed already
   return st.ok() ? st : fail(st);
 }
@@ -174,20 +169,13 @@ Status SocketTransport::post_any(const OpTag& tag, const uint64_t* next_seq, voi
 // Every message has its first part on connection #0, so a DATA header stashed there with no
 // receive queued is the peer's next message, unclaimed; a receive from any rank takes it (the
 // core posts no receive after one from any rank until it completes, so this is MPI's order).
-// Peers are looked at in turn, starting after the last one matched, so none is starved.
+// Peers are asked in turn (transports/common/any_source.h).
 int SocketTransport::find_any() {
-  const int n = size();
-  for (int k = 0; k < n; ++k) {
-    const int peer = (any_turn_ + k) % n;
-    if (peer == rank()) continue;
+  return next_peer_in_turn(size(), rank(), &any_turn_, [this](int peer) {
     const Connection& c = conn(peer, 0);
-    if (!c.closed && c.state == RecvState::kStashed && c.receives.empty() &&
-        c.recv_hdr.coll == static_cast<uint8_t>(CollKind::kSendRecv)) {  // never a collective's
-      any_turn_ = (peer + 1) % n;
-      return peer;
-    }
-  }
-  return -1;
+    return !c.closed && c.state == RecvState::kStashed && c.receives.empty() &&
+           c.recv_hdr.coll == static_cast<uint8_t>(CollKind::kSendRecv);  // never a collective's
+  });
 }
 
 Status SocketTransport::probe_any(int* source) {
@@ -203,20 +191,9 @@ Status SocketTransport::probe_any(int* source) {
 }
 
 Status SocketTransport::match_any() {
-  while (any_head_ != kNil) {
-    const int found = find_any();
-    if (found < 0) return Status::Ok();
-    const uint32_t index = any_head_;
-    Request& r = pool_[index];
-    any_head_ = r.any_next;
-    if (any_head_ == kNil) any_tail_ = kNil;
-    r.any = false;
-    r.peer = found;
-    r.tag.seq = r.next_seq[found];
-    *r.source = found;
-    COMM_RETURN_IF_ERROR(place(index));  // matches the stashed header: checked as irecv() checks it
-  }
-  return Status::Ok();
+  // place() matches the stashed header: checked as irecv() checks it.
+  return match_any_source(any_recvs_, pool_, [this] { return find_any(); },
+                          [this](uint32_t index) { return place(index); });
 }
 
 // A peer we still need bytes from (or must send bytes to) whose connection is gone.

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/any_source.h"
 #include "common/progress_clock.h"
 #include "common/request_pool.h"
 #include "socket/connection.h"
@@ -161,7 +162,7 @@ class SocketTransport final : public Transport {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> woken_{false};  // wake() since the last wait_some
   Status failed_;
-  uint32_t any_head_ = kNil, any_tail_ = kNil;  // receives from any rank not matched yet, oldest first
+  AnySourceFifo any_recvs_;  // receives from any rank not matched yet, oldest first
   int any_turn_ = 0;  // where match_any looks first: every peer gets its turn
   uint64_t moved_ = 0;  // bytes moved on any connection: "no progress" means this stood still
   std::chrono::milliseconds heartbeat_{0};  // COMM_HEARTBEAT_MS (Options.heartbeat_ms); 0: none

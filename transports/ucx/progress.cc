@@ -184,12 +184,7 @@ Status UcxTransport::post_any(const OpTag& tag, const uint64_t* next_seq, void* 
   r.any = true;
   r.source = source;
   r.next_seq = next_seq;
-  r.any_next = kNil;
-  if (any_tail_ == kNil)
-    any_head_ = index;
-  else
-    pool_[any_tail_].any_next = index;
-  any_tail_ = index;
+  any_recvs_.push(pool_, index);
   Status st = match_any();  // a message may be waiting already
   return st.ok() ? st : fail(st);
 }
@@ -199,19 +194,13 @@ Status UcxTransport::post_any(const OpTag& tag, const uint64_t* next_seq, void* 
 // is a send/recv's, the oldest receive from any rank takes that number (MPI's order: the core
 // posts no receive after one from any rank until it completes). Peers are looked at in turn.
 int UcxTransport::find_any() {
-  const int n = size();
-  for (int k = 0; k < n; ++k) {
-    const int peer = (any_turn_ + k) % n;
+  return next_peer_in_turn(size(), rank(), &any_turn_, [this](int peer) {
     const Peer& p = peers_[static_cast<size_t>(peer)];
-    if (peer == rank() || p.ep == nullptr) continue;
+    if (p.ep == nullptr) return false;
     ucp_tag_recv_info_t info{};
     const uint64_t header = data_tag(peer, p.received) | kHeaderBit | kP2pBit;
-    if (ucx_library().ucp_tag_probe_nb(worker_, header, ~uint64_t{0}, 0, &info) != nullptr) {
-      any_turn_ = (peer + 1) % n;
-      return peer;
-    }
-  }
-  return -1;
+    return ucx_library().ucp_tag_probe_nb(worker_, header, ~uint64_t{0}, 0, &info) != nullptr;
+  });
 }
 
 Status UcxTransport::probe_any(int* source) {
@@ -227,20 +216,9 @@ Status UcxTransport::probe_any(int* source) {
 }
 
 Status UcxTransport::match_any() {
-  while (any_head_ != kNil) {
-    const int found = find_any();
-    if (found < 0) return Status::Ok();
-    const uint32_t index = any_head_;
-    Request& r = pool_[index];
-    any_head_ = r.any_next;
-    if (any_head_ == kNil) any_tail_ = kNil;
-    r.any = false;
-    r.peer = found;
-    r.tag.seq = r.next_seq[found];
-    *r.source = found;
-    COMM_RETURN_IF_ERROR(start_request(r));  // its header is then checked as irecv()'s is
-  }
-  return Status::Ok();
+  // start_request(): its header is then checked as irecv()'s is.
+  return match_any_source(any_recvs_, pool_, [this] { return find_any(); },
+                          [this](uint32_t index) { return start_request(pool_[index]); });
 }
 
 // ---- checks ----------------------------------------------------------------------------------
@@ -372,7 +350,7 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
     if (clock.expired(now)) return fail(Timeout(timeout_message(ids, n)));
     const uint64_t before = completions_;
     const unsigned events = ucx_library().ucp_worker_progress(worker_);
-    if (any_head_ != kNil) {
+    if (!any_recvs_.empty()) {
       Status st = match_any();
       if (!st.ok()) return fail(st);
     }
@@ -398,7 +376,7 @@ Status UcxTransport::test(RequestId id, bool* done) {
   COMM_RETURN_IF_ERROR(pool_.lookup(id, &index));
   Request& r = pool_[index];
   if (r.parts_left > 0) ucx_library().ucp_worker_progress(worker_);
-  if (any_head_ != kNil) {
+  if (!any_recvs_.empty()) {
     Status st = match_any();
     if (!st.ok()) return fail(st);
   }

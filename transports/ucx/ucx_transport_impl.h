@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/any_source.h"
 #include "common/progress_clock.h"
 #include "ucx/ucx_library.h"
 #include "common/request_pool.h"
@@ -91,7 +92,7 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   bool any = false;
   int* source = nullptr;
   const uint64_t* next_seq = nullptr;
-  uint32_t any_next = kNil;
+  uint32_t any_next = kNil;  // transports/common/any_source.h
 };
 
 struct Peer {
@@ -185,7 +186,7 @@ class UcxTransport final : public Transport {
   Part report_part_;
   bool report_arrived_ = false;
   Clock::time_point next_pid_check_{};
-  uint32_t any_head_ = kNil, any_tail_ = kNil;  // receives from any rank not matched yet, oldest first
+  AnySourceFifo any_recvs_;  // receives from any rank not matched yet, oldest first
   int any_turn_ = 0;  // where match_any looks first: every peer gets its turn
   uint64_t completions_ = 0;  // operations finished: "no progress" means this stood still
   std::atomic<bool> aborted_{false};
