@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -484,6 +485,260 @@ TEST_CASE("libcomm's TLS records: after a record that fails, no later record is 
   CHECK(failures == 3);
   REQUIRE(got == 100);  // the first record only: never the third
   CHECK(std::equal(out.begin(), out.begin() + 100, in.begin()));
+}
+
+// ---- libcomm's records, end to end without a handshake: two Records on a TCP pair, one key each
+// way. Records of any content type are sealed by Records' own code (its test friend below).
+
+namespace comm::tls {
+struct RecordsTestAccess {
+  // One record of `type` holding `content`, under the sender's current key (and sequence number).
+  static std::vector<uint8_t> seal(Records& r, uint8_t type, const std::vector<uint8_t>& content) {
+    std::vector<uint8_t> out(content.size() + 64);
+    const iovec iov{const_cast<uint8_t*>(content.data()), content.size()};
+    const size_t n = r.seal(type, &iov, 1, 0, content.size(), out.data());
+    REQUIRE(n > 0);
+    out.resize(n);
+    return out;
+  }
+  // What the sender does after sealing a KeyUpdate: its next records go under the next secret.
+  static void next_send_key(Records& r) { REQUIRE(r.next_key(&r.tx_)); }
+};
+}  // namespace comm::tls
+
+namespace {
+
+constexpr uint8_t kHandshakeType = 22, kAppDataType = 23;
+
+struct RecordsPair {
+  posix::Fd a, b;
+  std::unique_ptr<tls::Records> sender, receiver;  // on a, on b
+};
+
+// receiver_is_client: the receiver is the TLS client (the one that takes a NewSessionTicket).
+void make_records_pair(RecordsPair* p, bool receiver_is_client) {
+  tcp_pair(&p->a, &p->b);
+  const std::string one(32, '\x11'), two(32, '\x22');
+  std::string why;
+  p->sender = tls::Records::create(p->a.get(), !receiver_is_client, one, two, &why);
+  REQUIRE(p->sender);
+  p->receiver = tls::Records::create(p->b.get(), receiver_is_client, two, one, &why);
+  REQUIRE(p->receiver);
+}
+
+std::vector<uint8_t> key_update(uint8_t requested) { return {24, 0, 0, 1, requested}; }
+
+// A NewSessionTicket (type 4) whose body is `body_bytes` of filler.
+std::vector<uint8_t> ticket(size_t body_bytes) {
+  std::vector<uint8_t> m(4 + body_bytes, 0x7e);
+  m[0] = 4;
+  m[1] = static_cast<uint8_t>(body_bytes >> 16);
+  m[2] = static_cast<uint8_t>(body_bytes >> 8);
+  m[3] = static_cast<uint8_t>(body_bytes);
+  return m;
+}
+
+std::vector<uint8_t> cat(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  std::vector<uint8_t> r(a.size() + b.size());
+  std::memcpy(r.data(), a.data(), a.size());
+  std::memcpy(r.data() + a.size(), b.data(), b.size());
+  return r;
+}
+std::vector<uint8_t> slice(const std::vector<uint8_t>& v, size_t from, size_t to) {
+  const auto begin = v.begin();
+  return std::vector<uint8_t>(begin + static_cast<std::ptrdiff_t>(from), begin + static_cast<std::ptrdiff_t>(to));
+}
+
+// Sealed records onto the sender's socket as they are (a fresh connection's buffer takes them).
+void send_records(RecordsPair& p, const std::vector<std::vector<uint8_t>>& records) {
+  std::vector<uint8_t> wire;
+  for (const auto& r : records) wire.insert(wire.end(), r.begin(), r.end());
+  REQUIRE(::send(p.a.get(), wire.data(), wire.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(wire.size()));
+}
+
+// Then `text` through the sender's writev, as application data.
+void send_text(tls::Records& r, const std::string& text) {
+  const iovec iov{const_cast<char*>(text.data()), text.size()};
+  REQUIRE(r.writev(&iov, 1) == static_cast<ssize_t>(text.size()));
+}
+
+struct ReadOutcome {
+  std::string got;
+  int err = 0;  // the errno of a read that failed (not EAGAIN); 0: none failed
+  std::string why;
+};
+
+// Reads until `want` bytes came, a read failed or 10 s went by.
+ReadOutcome read_until(tls::Records& r, size_t want) {
+  ReadOutcome o;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (o.got.size() < want && std::chrono::steady_clock::now() < until) {
+    char buf[4096];
+    const ssize_t n = r.read(buf, sizeof buf);
+    if (n > 0) {
+      o.got.append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      o.err = -1;  // a close
+      break;
+    } else if (errno == EAGAIN) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else {
+      o.err = errno;
+      o.why = r.why();
+      break;
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+// RFC 8446 section 5.1: a handshake message may be fragmented across records. The key moves when
+// the record that completes the KeyUpdate ends; update_requested makes the receiver update too.
+TEST_CASE("libcomm's TLS records: a KeyUpdate split across two records is applied", "[tls]") {
+  RecordsPair p;
+  make_records_pair(&p, false);
+  auto& seal = tls::RecordsTestAccess::seal;
+  const std::vector<uint8_t> ku = key_update(1);
+  send_records(p, {seal(*p.sender, kHandshakeType, slice(ku, 0, 2)), seal(*p.sender, kHandshakeType, slice(ku, 2, 5))});
+  tls::RecordsTestAccess::next_send_key(*p.sender);
+  send_text(*p.sender, "under the next key");
+  ReadOutcome o = read_until(*p.receiver, 18);
+  INFO(o.why);
+  CHECK(o.err == 0);
+  CHECK(o.got == "under the next key");
+  // Asked to: the receiver's next write leads with its own KeyUpdate, which the sender reads.
+  send_text(*p.receiver, "and back");
+  o = read_until(*p.sender, 8);
+  INFO(o.why);
+  CHECK(o.err == 0);
+  CHECK(o.got == "and back");
+}
+
+TEST_CASE("libcomm's TLS records: a client takes a NewSessionTicket coalesced or fragmented with a KeyUpdate",
+          "[tls]") {
+  RecordsPair p;
+  make_records_pair(&p, true);
+  auto& seal = tls::RecordsTestAccess::seal;
+  SECTION("a ticket, then a KeyUpdate, in one record") {
+    send_records(p, {seal(*p.sender, kHandshakeType, cat(ticket(200), key_update(0)))});
+  }
+  SECTION("a 64 KiB ticket across five records, the KeyUpdate at the end of the last") {
+    const std::vector<uint8_t> all = cat(ticket(tls::HandshakeMessages::kMaxMessage), key_update(0));
+    std::vector<std::vector<uint8_t>> records;
+    for (size_t at = 0; at < all.size(); at += 16384)
+      records.push_back(seal(*p.sender, kHandshakeType, slice(all, at, std::min(all.size(), at + 16384))));
+    REQUIRE(records.size() == 5);
+    send_records(p, records);
+  }
+  tls::RecordsTestAccess::next_send_key(*p.sender);
+  send_text(*p.sender, "under the next key");
+  const ReadOutcome o = read_until(*p.receiver, 18);
+  INFO(o.why);
+  CHECK(o.err == 0);
+  CHECK(o.got == "under the next key");
+}
+
+// The key changes at the end of the record holding the KeyUpdate, so nothing may follow it there.
+TEST_CASE("libcomm's TLS records: a KeyUpdate followed by more handshake bytes in its record fails", "[tls]") {
+  RecordsPair p;
+  make_records_pair(&p, true);
+  auto& seal = tls::RecordsTestAccess::seal;
+  send_records(p, {seal(*p.sender, kHandshakeType, cat(key_update(0), slice(ticket(100), 0, 3)))});
+  tls::RecordsTestAccess::next_send_key(*p.sender);
+  send_text(*p.sender, "under the next key");
+  const ReadOutcome o = read_until(*p.receiver, 18);
+  CHECK(o.got.empty());
+  CHECK(o.err == EPROTO);
+  CHECK_THAT(o.why, Catch::Contains("KeyUpdate followed by more handshake bytes"));
+}
+
+TEST_CASE("libcomm's TLS records: application data between the fragments of a handshake message fails",
+          "[tls]") {
+  RecordsPair p;
+  make_records_pair(&p, true);
+  auto& seal = tls::RecordsTestAccess::seal;
+  const std::vector<uint8_t> t = ticket(100);
+  send_records(p, {seal(*p.sender, kHandshakeType, slice(t, 0, 50)), seal(*p.sender, kAppDataType, {'x', 'y'}),
+                   seal(*p.sender, kHandshakeType, slice(t, 50, t.size()))});
+  send_text(*p.sender, "after it");
+  const ReadOutcome o = read_until(*p.receiver, 10);
+  CHECK(o.got.empty());  // not the application data inside the message, nor any after it
+  CHECK(o.err == EPROTO);
+  CHECK_THAT(o.why, Catch::Contains("between the fragments of a handshake message"));
+}
+
+// Refused at its header: the receiver holds nothing for it and does not wait for its body.
+TEST_CASE("libcomm's TLS records: a handshake message longer than 64 KiB fails at its header", "[tls]") {
+  RecordsPair p;
+  make_records_pair(&p, true);
+  auto& seal = tls::RecordsTestAccess::seal;
+  const std::vector<uint8_t> huge = slice(ticket(tls::HandshakeMessages::kMaxMessage + 1), 0, 100);
+  send_records(p, {seal(*p.sender, kHandshakeType, huge)});
+  const ReadOutcome o = read_until(*p.receiver, 1);
+  CHECK(o.got.empty());
+  CHECK(o.err == EPROTO);
+  CHECK_THAT(o.why, Catch::Contains("declares 65537 bytes"));
+}
+
+// send(2)'s contract: after a write that went out in part, the next call offers the same bytes. A
+// call that offers another buffer of the same length is refused (the records already sealed from
+// the first would go out as if they were its bytes); the same memory cut into other iovecs is not.
+TEST_CASE("libcomm's TLS records: a retry that offers another buffer of the same length is refused", "[tls]") {
+  RecordsPair p;
+  make_records_pair(&p, false);
+  const int small = 64 * 1024;
+  REQUIRE(::setsockopt(p.a.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small) == 0);
+  REQUIRE(::setsockopt(p.b.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small) == 0);
+  const std::vector<uint8_t> out = payload(8 << 20);
+  const std::vector<uint8_t> other(out.size(), 0x5a);
+  size_t sent = 0;
+  auto at = [&](const std::vector<uint8_t>& v, size_t off) { return const_cast<uint8_t*>(v.data()) + off; };
+  for (;;) {  // until a write blocks with records sealed and not all sent (nothing reads yet)
+    const iovec iov{at(out, sent), out.size() - sent};
+    const ssize_t n = p.sender->writev(&iov, 1);
+    if (n < 0) {
+      REQUIRE(errno == EAGAIN);
+      break;
+    }
+    sent += static_cast<size_t>(n);
+    REQUIRE(sent < out.size());
+  }
+  const size_t rest = out.size() - sent;
+  CHECK(p.sender->write_owed());  // records sealed from out[sent...], whatever the count said
+  {
+    const iovec iov{at(other, sent), rest};
+    CHECK(p.sender->writev(&iov, 1) == -1);
+    CHECK(errno == EINVAL);
+    CHECK_THAT(p.sender->why(), Catch::Contains("other memory"));
+  }
+  {  // the first bytes where they were, the rest from elsewhere
+    const iovec iov[2] = {{at(out, sent), 1000}, {at(other, sent + 1000), rest - 1000}};
+    CHECK(p.sender->writev(iov, 2) == -1);
+    CHECK(errno == EINVAL);
+  }
+  // The same memory in two iovecs, then the rest as it comes: every byte arrives, in order.
+  std::string got;
+  bool first = true;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (got.size() < out.size() && std::chrono::steady_clock::now() < until) {
+    if (sent < out.size()) {
+      const size_t cut = first ? std::min<size_t>(1000, rest / 2) : 0;
+      const iovec iov[2] = {{at(out, sent), cut}, {at(out, sent + cut), out.size() - sent - cut}};
+      const ssize_t n = p.sender->writev(iov, 2);
+      INFO(p.sender->why());
+      if (n > 0) sent += static_cast<size_t>(n);
+      else REQUIRE(errno == EAGAIN);
+      first = false;
+    }
+    char buf[65536];
+    const ssize_t n = p.receiver->read(buf, sizeof buf);
+    if (n > 0) got.append(buf, static_cast<size_t>(n));
+    else REQUIRE((n < 0 && errno == EAGAIN));
+  }
+  REQUIRE(got.size() == out.size());
+  CHECK(std::equal(out.begin(), out.end(), reinterpret_cast<const uint8_t*>(got.data())));
+  CHECK(!p.sender->write_owed());
 }
 
 TEST_CASE("kernel TLS is reported as this kernel offers it", "[tls]") {

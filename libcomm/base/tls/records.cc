@@ -62,7 +62,7 @@ std::unique_ptr<Records> Records::create(int fd, bool client, const std::string&
                                          const std::string& rx_secret, std::string* why) {
   std::unique_ptr<Records> r(new Records());
   r->fd_ = fd;
-  r->client_ = client;
+  r->handshake_ = HandshakeMessages(client);
   r->tx_.ctx = EVP_CIPHER_CTX_new();
   r->rx_.ctx = EVP_CIPHER_CTX_new();
   if (r->tx_.ctx == nullptr || r->rx_.ctx == nullptr ||
@@ -163,6 +163,12 @@ ssize_t Records::writev(const iovec* iov, int n) {
     errno = EINVAL;
     return -1;
   }
+  if (owed_ > 0 && !owed_offered_again(iov, n)) {
+    why_ = "TLS write: a retry offered other memory than the bytes the last call sealed and began to send "
+           "(send(2)'s contract: the same bytes again)";
+    errno = EINVAL;
+    return -1;
+  }
   size_t done = 0;  // plaintext of this call's bytes now taken by the kernel, sealed
   for (;;) {
     // What was sealed goes first; its plaintext counts once all of it is out.
@@ -205,8 +211,51 @@ ssize_t Records::writev(const iovec* iov, int n) {
       at += sealed;
       owed_ += len;
     }
+    remember_owed(iov, n, done);
     out_len_ = at;
   }
+}
+
+// owed_ bytes from byte `skip` of the iovecs were just sealed: remember their addresses.
+void Records::remember_owed(const iovec* iov, int n, size_t skip) {
+  owed_from_.clear();  // keeps its capacity
+  size_t left = owed_;
+  for (int i = 0; i < n && left > 0; ++i) {
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    const auto* p = static_cast<const uint8_t*>(iov[i].iov_base) + skip;
+    const size_t take = std::min(left, iov[i].iov_len - skip);
+    if (!owed_from_.empty() && owed_from_.back().base + owed_from_.back().len == p) owed_from_.back().len += take;
+    else owed_from_.push_back(Run{p, take});
+    left -= take;
+    skip = 0;
+  }
+}
+
+// Whether the first owed_ bytes of the iovecs (total >= owed_) lie where the records still going
+// out were sealed from. Addresses only, no look at the bytes: a caller that rewrote the memory in
+// between is not caught (nor is it by send(2)), one that offers another buffer is.
+bool Records::owed_offered_again(const iovec* iov, int n) const {
+  size_t run = 0, in_run = 0, left = owed_;
+  for (int i = 0; i < n && left > 0; ++i) {
+    const auto* p = static_cast<const uint8_t*>(iov[i].iov_base);
+    size_t len = std::min(left, iov[i].iov_len);
+    while (len > 0) {
+      if (run == owed_from_.size() || p != owed_from_[run].base + in_run) return false;
+      const size_t k = std::min(len, owed_from_[run].len - in_run);
+      p += k;
+      len -= k;
+      left -= k;
+      in_run += k;
+      if (in_run == owed_from_[run].len) {
+        ++run;
+        in_run = 0;
+      }
+    }
+  }
+  return left == 0;
 }
 
 bool Records::whole_record_held() const {
@@ -270,31 +319,46 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
   uint8_t type = last;
   while (type == 0 && content > 0) type = out[--content];
   if (type == 0) return fail("read: a record with no content type");
+  // Section 5.1: nothing between the records of a fragmented handshake message.
+  if (type != kHandshake && handshake_.mid_message()) {
+    OPENSSL_cleanse(out, content);
+    plain_len_ = 0;
+    return fail("read: a record of content type " + std::to_string(type) +
+                " between the fragments of a handshake message (RFC 8446 section 5.1, unexpected_message)");
+  }
   if (type == kAppData) {
     if (direct) return static_cast<ssize_t>(content);
     plain_len_ = content;  // read() hands it out from plain_off_
     plain_off_ = 0;
     return 0;
   }
-  const std::vector<uint8_t> body(out, out + content);
-  OPENSSL_cleanse(out, content);  // not the caller's data: not left in its buffer
   plain_len_ = 0;
+  if (type == kHandshake) {
+    const ssize_t r = handshake_record(out, content);
+    OPENSSL_cleanse(out, content);  // not the caller's data: not left in its buffer
+    return r;
+  }
+  uint8_t alert[2] = {0, 0};
+  if (content == 2) std::memcpy(alert, out, 2);
+  OPENSSL_cleanse(out, content);
   if (type == kAlert) {
-    if (body.size() == 2 && body[1] == 0) return -2;  // close_notify
-    return fail("read failed: the peer sent TLS alert " + std::to_string(body.size() == 2 ? body[1] : 0));
+    if (content == 2 && alert[1] == 0) return -2;  // close_notify
+    return fail("read failed: the peer sent TLS alert " + std::to_string(alert[1]));
   }
-  if (type == kHandshake && body.size() == 5 && body[0] == kKeyUpdate && body[1] == 0 && body[2] == 0 &&
-      body[3] == 1 && body[4] <= 1) {
-    if (!next_key(&rx_)) return fail("read: the key update failed");
-    if (body[4] == 1) key_update_due_ = true;  // update_requested: ours goes with the next write
-    return 0;
-  }
-  // A NewSessionTicket (a server's, to a client; tickets are off here, so only from another
-  // implementation): one whole message in the record, not used.
-  if (type == kHandshake && client_ && body.size() >= 4 && body[0] == 4 &&
-      (size_t{body[1]} << 16 | size_t{body[2]} << 8 | body[3]) == body.size() - 4)
-    return 0;
   return fail("read: an unexpected record of content type " + std::to_string(type) + " after the handshake");
+}
+
+// One record's handshake messages (tls/handshake_messages.h): a KeyUpdate that ends it moves the
+// peer's key for the records after it.
+ssize_t Records::handshake_record(const uint8_t* content, size_t n) {
+  HandshakeMessages::Outcome got;
+  std::string why;
+  if (!handshake_.take(content, n, &got, &why)) return fail(why);
+  if (got.key_update) {
+    if (!next_key(&rx_)) return fail("read: the key update failed");
+    if (got.update_requested) key_update_due_ = true;  // ours goes with the next write
+  }
+  return 0;
 }
 
 ssize_t Records::read(void* buf, size_t n) {

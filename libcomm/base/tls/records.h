@@ -13,6 +13,9 @@
 // traffic secrets (OpenSSL's key log callback: tls.cc), expanded as section 7.3 says. Before a
 // key has sealed kRecordsPerKey records its sender sends a KeyUpdate and both ends move to the
 // next secret (section 4.6.3), far below AES-GCM's limit of 2^24.5 records per key (section 5.5).
+// Handshake messages after the handshake (KeyUpdate; NewSessionTicket to a client, unused) may
+// be fragmented across records or coalesced in one (section 5.1): tls/handshake_messages.h
+// reassembles them, and a record of another type inside a fragmented message is an error.
 // Alerts: close_notify reads as a close (and so does every later read), any other alert as
 // EPROTO naming it. A failure is for good: no record after one that failed is ever read.
 #pragma once
@@ -24,6 +27,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "tls/handshake_messages.h"
 
 typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
 
@@ -40,10 +45,15 @@ class Records {
   Records& operator=(const Records&) = delete;
 
   // Session::read / writev's semantics (tls.h): recv(2)/send(2)'s, a retry after EAGAIN starts at
-  // the same byte. A record sent in part is finished first at the next call and counted then.
+  // the same byte. A record sent in part is finished first at the next call and counted then, so
+  // that call must offer the bytes it was sealed from again, at the same addresses (however its
+  // iovecs cut them): else -1, EINVAL, why() says so, and nothing is sent (a correct retry may
+  // follow).
   ssize_t read(void* buf, size_t n);
   ssize_t writev(const iovec* iov, int n);
   bool pending() const { return plain_off_ < plain_len_ || whole_record_held(); }
+  // Records sealed from bytes not counted yet: the next writev must offer them first (tls.h).
+  bool write_owed() const { return owed_ > 0; }
   const std::string& why() const { return why_; }
 
   // After this many records under one key the sender updates it (tests lower it).
@@ -64,9 +74,12 @@ class Records {
   ssize_t check_header();
   bool whole_record_held() const;
   ssize_t fail(const std::string& what);
+  ssize_t handshake_record(const uint8_t* content, size_t n);
+  void remember_owed(const iovec* iov, int n, size_t skip);
+  bool owed_offered_again(const iovec* iov, int n) const;
+  friend struct RecordsTestAccess;  // tests/base/test_tls.cc: records of any content type
 
   int fd_ = -1;
-  bool client_ = false;
   Direction tx_, rx_;
   std::string why_;
   bool broken_ = false;  // a record failed to open, an alert came, or the cipher failed: for good
@@ -78,6 +91,13 @@ class Records {
   size_t out_len_ = 0;
   size_t out_sent_ = 0;
   size_t owed_ = 0;
+  // Where owed_'s plaintext was sealed from: its runs of contiguous addresses, in order (how the
+  // caller's iovecs cut them does not matter). A retry must offer the same (writev).
+  struct Run {
+    const uint8_t* base;
+    size_t len;
+  };
+  std::vector<Run> owed_from_;
   bool key_update_due_ = false;
   // Receiving: what recv(2) read, from in_off_; an opened record's plaintext not yet handed out.
   std::vector<uint8_t> in_;
@@ -85,6 +105,7 @@ class Records {
   std::vector<uint8_t> plain_;  // its first plain_len_ bytes
   size_t plain_len_ = 0;
   size_t plain_off_ = 0;
+  HandshakeMessages handshake_{false};  // messages after the handshake, across records (its client flag: create)
 };
 
 }  // namespace comm::tls
