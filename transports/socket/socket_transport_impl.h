@@ -145,7 +145,11 @@ class SocketTransport final : public Transport {
   void beat(Clock::time_point now);
   bool flush_beat(Connection& c);  // false: the socket buffer is still full
   int64_t silence_limit_ms() const;  // a connected peer silent this long is stopped or hung
-  bool mid_frame(Connection& c) { return c.beat_left != 0 || (!c.sends.empty() && part(c.sends.head).done > 0); }
+  // Over TLS a frame may be on its way with 0 of its bytes counted (records sealed, in part sent).
+  bool mid_frame(Connection& c) {
+    return c.beat_left != 0 ||
+           (!c.sends.empty() && (part(c.sends.head).done > 0 || (c.tls && c.tls->write_owed())));
+  }
   std::string timeout_message(const RequestId* ids, size_t n);
   std::string me() const { return options_.comm_label + (options_.comm_label.empty() ? "" : " ") + "rank " +
                                   std::to_string(rank()); }

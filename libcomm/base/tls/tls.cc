@@ -397,6 +397,7 @@ ssize_t Session::write(const void* buf, size_t n) {
     return records_result(records_->writev(&iov, 1));
   }
   NoSigpipe no_sigpipe;
+  write_held_ = false;
   size_t total = 0;
   while (total < n) {
     ERR_clear_error();
@@ -420,6 +421,7 @@ ssize_t Session::write(const void* buf, size_t n) {
       continue;
     }
     const ssize_t failed = fail(r, "write");
+    write_held_ = failed < 0 && errno == EAGAIN;  // OpenSSL holds the record it began
     if (total > 0 && failed < 0 && errno == EAGAIN) break;
     return total > 0 && failed == 0 ? static_cast<ssize_t>(total) : failed;
   }
@@ -440,6 +442,8 @@ ssize_t Session::writev(const iovec* iov, int n) {
   }
   return static_cast<ssize_t>(total);
 }
+
+bool Session::write_owed() const { return records_ ? records_->write_owed() : write_held_; }
 
 bool Session::pending() const { return records_ ? records_->pending() : SSL_has_pending(ssl_) == 1; }
 

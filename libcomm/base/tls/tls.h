@@ -112,6 +112,11 @@ class Session {
   // The iovecs in order, each as records; stops at the first that would block (after > 0 bytes,
   // the count so far). A retry after EAGAIN must start at the same byte, as with write().
   ssize_t writev(const iovec* iov, int n);
+  // A write stopped (would block) after sealing bytes it did not count, however many it counted:
+  // the next call must begin with those bytes. Unlike send(2), a write that counted 0 bytes may
+  // have put part of them on the wire, so a caller must not send something else first (the
+  // socket transport's failure report waits for the frame in progress: mid_frame).
+  bool write_owed() const;
   // Bytes already read from the socket and held here: poll() would not report them.
   bool pending() const;
   // Whether the kernel seals (send) / opens (receive) this session's records.
@@ -139,6 +144,7 @@ class Session {
   // OpenSSL's records: plaintext sent since the last key update (write() updates every 2^23
   // full records' worth, as records.cc does).
   uint64_t sent_under_key_ = 0;
+  bool write_held_ = false;  // OpenSSL's records: the last write would block mid-record (write_owed)
   static constexpr uint64_t kBytesPerKey = (uint64_t{1} << 23) * 16384;
   std::unique_ptr<Records> records_;
 };
