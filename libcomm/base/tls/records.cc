@@ -319,8 +319,9 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
   uint8_t type = last;
   while (type == 0 && content > 0) type = out[--content];
   if (type == 0) return fail("read: a record with no content type");
-  // Section 5.1: nothing between the records of a fragmented handshake message.
-  if (type != kHandshake && handshake_.mid_message()) {
+  // Section 5.1: nothing between the records of a fragmented handshake message. An alert is
+  // still read as one, so that the peer's reason is named (a close_notify ends the stream there).
+  if (type != kHandshake && type != kAlert && handshake_.mid_message()) {
     OPENSSL_cleanse(out, content);
     plain_len_ = 0;
     return fail("read: a record of content type " + std::to_string(type) +

@@ -15,7 +15,7 @@
 // next secret (section 4.6.3), far below AES-GCM's limit of 2^24.5 records per key (section 5.5).
 // Handshake messages after the handshake (KeyUpdate; NewSessionTicket to a client, unused) may
 // be fragmented across records or coalesced in one (section 5.1): tls/handshake_messages.h
-// reassembles them, and a record of another type inside a fragmented message is an error.
+// reassembles them, and application data inside a fragmented message is an error.
 // Alerts: close_notify reads as a close (and so does every later read), any other alert as
 // EPROTO naming it. A failure is for good: no record after one that failed is ever read.
 #pragma once
