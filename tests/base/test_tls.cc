@@ -741,6 +741,59 @@ TEST_CASE("libcomm's TLS records: a retry that offers another buffer of the same
   CHECK(!p.sender->write_owed());
 }
 
+// Unlike send(2), a TLS write that counted 0 bytes may have sealed records and sent part of them:
+// write_owed() says so, for the socket transport's failure report (mid_frame), on libcomm's
+// records and on OpenSSL's.
+TEST_CASE("a TLS write that would block says its bytes are owed until they are all out", "[tls]") {
+  for (const bool openssl : {false, true}) {
+    tls::Config c = psk_config(kSecret);
+    c.openssl_records = openssl;
+    auto ctx = context(c);
+    INFO((openssl ? "OpenSSL's records" : "libcomm's records"));
+    posix::Fd a, b;
+    tcp_pair(&a, &b);
+    const int small = 64 * 1024;
+    REQUIRE(::setsockopt(a.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small) == 0);
+    REQUIRE(::setsockopt(b.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small) == 0);
+    std::unique_ptr<tls::Session> client, server;
+    REQUIRE(tls::Session::create(ctx, a.get(), tls::Role::kClient, &client).ok());
+    REQUIRE(tls::Session::create(ctx, b.get(), tls::Role::kServer, &server).ok());
+    tls::Step cs, ss;
+    handshake_both(*client, *server, &cs, &ss);
+    REQUIRE(cs == tls::Step::kDone);
+    REQUIRE(ss == tls::Step::kDone);
+    CHECK(!client->write_owed());
+    const std::vector<uint8_t> out = payload(8 << 20);
+    size_t sent = 0;
+    for (;;) {  // nothing reads: the socket fills
+      const ssize_t n = client->write(out.data() + sent, out.size() - sent);
+      if (n < 0) {
+        REQUIRE(errno == EAGAIN);
+        break;
+      }
+      sent += static_cast<size_t>(n);
+      REQUIRE(sent < out.size());
+    }
+    CHECK(client->write_owed());
+    std::vector<uint8_t> in(out.size());
+    size_t got = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (got < in.size() && std::chrono::steady_clock::now() < until) {
+      if (sent < out.size()) {
+        const ssize_t n = client->write(out.data() + sent, out.size() - sent);
+        if (n > 0) sent += static_cast<size_t>(n);
+        else REQUIRE(errno == EAGAIN);
+      }
+      const ssize_t n = server->read(in.data() + got, in.size() - got);
+      if (n > 0) got += static_cast<size_t>(n);
+      else REQUIRE((n < 0 && errno == EAGAIN));
+    }
+    REQUIRE(got == in.size());
+    CHECK(in == out);
+    CHECK(!client->write_owed());
+  }
+}
+
 TEST_CASE("kernel TLS is reported as this kernel offers it", "[tls]") {
   std::string why;
   const bool available = tls::kernel_tls_available(&why);
