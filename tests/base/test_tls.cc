@@ -2,6 +2,8 @@
 // the socket transport over it: a relay between two TLS ranks sees none of the payload and none of
 // the secret; a rank without TLS, with another key or with a certificate the CA did not sign is
 // refused, naming it; failures (a peer's ERROR frame, a peer gone) read as over plaintext.
+// libcomm's own records (tls/records.h) against OpenSSL's, and alone: altered or dropped records,
+// handshake messages fragmented and coalesced across records, a write's retry from other memory.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>

@@ -92,7 +92,8 @@ class Records {
   size_t out_sent_ = 0;
   size_t owed_ = 0;
   // Where owed_'s plaintext was sealed from: its runs of contiguous addresses, in order (how the
-  // caller's iovecs cut them does not matter). A retry must offer the same (writev).
+  // caller's iovecs cut them does not matter). A retry must offer the same (writev). Compared only,
+  // never read through.
   struct Run {
     const uint8_t* base;
     size_t len;
