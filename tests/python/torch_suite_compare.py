@@ -2,8 +2,8 @@
 """torch's whole distributed suite on gloo and on libcomm, at each world size asked, and the table
 docs/torch-backend.md shows: per run, how many tests passed, failed, were skipped; and every test
 that passed on gloo and not on libcomm. libcomm runs the tests that passed on gloo (--libcomm-all:
-every test). Long: each test starts its ranks afresh (1.5 h for gloo's 279 at 2 ranks on the
-shared 2-core machine under load).
+every test). Long: each test starts its ranks afresh (about 20-25 min per backend and world size on
+a quiet 2-core machine, 1.5 h under load; docs/torch-backend.md).
 
     tests/python/torch_suite_compare.py [--world-sizes 2,3] [--out DIR] [-k PATTERN ...]
 
