@@ -9,6 +9,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "log.h"
+#include "params.h"
+
 namespace comm::tls {
 namespace {
 
@@ -54,6 +57,23 @@ void nonce_of(const uint8_t iv[12], uint64_t seq, uint8_t out[12]) {
 
 size_t be16(const uint8_t* p) { return static_cast<size_t>(p[0]) << 8 | p[1]; }
 
+// COMM_TLS_AES, read once per process: "auto" seals and opens with tls/aes_gcm_vaes.h where the
+// CPU runs it (about twice OpenSSL 3.0's AES-GCM speed without AVX-512: docs/benchmarks.md),
+// "openssl" always with OpenSSL's EVP (to compare, or to rule the VAES code out).
+bool vaes_chosen() {
+  static const bool chosen = [] {
+    std::string how;
+    const Status st = params::get_string("COMM_TLS_AES", &how);
+    if (!st.ok()) {
+      COMM_LOG(kWarn, kNet, "%s; the records use OpenSSL's AES-GCM", st.message().c_str());
+      return false;
+    }
+    for (auto& c : how) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+    return how != "openssl" && gcm::cpu_has_vaes();
+  }();
+  return chosen;
+}
+
 }  // namespace
 
 uint64_t Records::records_per_key = uint64_t{1} << 23;
@@ -63,6 +83,7 @@ std::unique_ptr<Records> Records::create(int fd, bool client, const std::string&
   std::unique_ptr<Records> r(new Records());
   r->fd_ = fd;
   r->handshake_ = HandshakeMessages(client);
+  r->vaes_ = vaes_chosen();
   r->tx_.ctx = EVP_CIPHER_CTX_new();
   r->rx_.ctx = EVP_CIPHER_CTX_new();
   if (r->tx_.ctx == nullptr || r->rx_.ctx == nullptr ||
@@ -84,6 +105,8 @@ Records::~Records() {
   EVP_CIPHER_CTX_free(rx_.ctx);
   OPENSSL_cleanse(tx_.secret.data(), tx_.secret.size());
   OPENSSL_cleanse(rx_.secret.data(), rx_.secret.size());
+  OPENSSL_cleanse(&tx_.vaes, sizeof tx_.vaes);
+  OPENSSL_cleanse(&rx_.vaes, sizeof rx_.vaes);
 }
 
 bool Records::set_key(Direction* d, const std::string& secret) {
@@ -96,6 +119,7 @@ bool Records::set_key(Direction* d, const std::string& secret) {
                   EVP_CipherInit_ex(d->ctx, nullptr, nullptr, reinterpret_cast<const unsigned char*>(key.data()),
                                     nullptr, -1) == 1;
   if (ok) std::memcpy(d->iv, iv.data(), sizeof d->iv);
+  if (ok && vaes_) gcm::expand_key(&d->vaes, reinterpret_cast<const uint8_t*>(key.data()));
   OPENSSL_cleanse(key.data(), key.size());
   OPENSSL_cleanse(iv.data(), iv.size());
   d->seq = 0;
@@ -131,6 +155,26 @@ size_t Records::seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t 
   out[4] = static_cast<uint8_t>((inner + kTag) & 0xff);
   uint8_t nonce[12];
   nonce_of(tx_.iv, tx_.seq++, nonce);
+  if (vaes_) {
+    // Straight from each iovec into out: no gather copy (the stream carries a block cut by an
+    // iovec's end over to the next).
+    gcm::Stream gcm(tx_.vaes, nonce, out, kHeader);
+    uint8_t* at = out + kHeader;
+    for (int i = 0; i < n && len > 0; ++i) {
+      if (skip >= iov[i].iov_len) {
+        skip -= iov[i].iov_len;
+        continue;
+      }
+      const size_t take = std::min(len, iov[i].iov_len - skip);
+      gcm.encrypt(static_cast<const uint8_t*>(iov[i].iov_base) + skip, at, take);
+      at += take;
+      len -= take;
+      skip = 0;
+    }
+    gcm.encrypt(&type, at, 1);
+    gcm.tag(at + 1);
+    return kHeader + inner + kTag;
+  }
   int outl = 0;
   bool ok = EVP_EncryptInit_ex(tx_.ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
             EVP_EncryptUpdate(tx_.ctx, nullptr, &outl, out, kHeader) == 1;
@@ -298,13 +342,26 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
   nonce_of(rx_.iv, rx_.seq++, nonce);
   uint8_t last = 0, none[16];
   int outl = 0;
-  const bool decrypted = EVP_DecryptInit_ex(rx_.ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
-                         EVP_DecryptUpdate(rx_.ctx, nullptr, &outl, rec, kHeader) == 1 &&
-                         EVP_DecryptUpdate(rx_.ctx, out, &outl, rec + kHeader, static_cast<int>(inner - 1)) == 1 &&
-                         EVP_DecryptUpdate(rx_.ctx, &last, &outl, rec + kHeader + inner - 1, 1) == 1 &&
-                         EVP_CIPHER_CTX_ctrl(rx_.ctx, EVP_CTRL_AEAD_SET_TAG, kTag,
-                                             const_cast<uint8_t*>(rec + kHeader + inner)) == 1;
-  const bool authentic = decrypted && EVP_DecryptFinal_ex(rx_.ctx, none, &outl) == 1;
+  bool authentic = false;
+  if (vaes_) {
+    // Decrypted into out before the tag is checked, as OpenSSL's EVP does: on a mismatch below
+    // out is wiped and the record refused, so no unauthenticated byte is handed out.
+    gcm::Stream gcm(rx_.vaes, nonce, rec, kHeader);
+    gcm.decrypt(rec + kHeader, out, inner - 1);
+    gcm.decrypt(rec + kHeader + inner - 1, &last, 1);
+    uint8_t tag[kTag];
+    gcm.tag(tag);
+    authentic = CRYPTO_memcmp(tag, rec + kHeader + inner, kTag) == 0;  // constant time
+    OPENSSL_cleanse(tag, sizeof tag);
+  } else {
+    const bool decrypted = EVP_DecryptInit_ex(rx_.ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
+                           EVP_DecryptUpdate(rx_.ctx, nullptr, &outl, rec, kHeader) == 1 &&
+                           EVP_DecryptUpdate(rx_.ctx, out, &outl, rec + kHeader, static_cast<int>(inner - 1)) == 1 &&
+                           EVP_DecryptUpdate(rx_.ctx, &last, &outl, rec + kHeader + inner - 1, 1) == 1 &&
+                           EVP_CIPHER_CTX_ctrl(rx_.ctx, EVP_CTRL_AEAD_SET_TAG, kTag,
+                                               const_cast<uint8_t*>(rec + kHeader + inner)) == 1;
+    authentic = decrypted && EVP_DecryptFinal_ex(rx_.ctx, none, &outl) == 1;
+  }
   in_off_ += kHeader + len;
   in_len_ -= kHeader + len;
   if (in_len_ == 0) in_off_ = 0;

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "tls/aes_gcm_vaes.h"
 #include "tls/handshake_messages.h"
 
 typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
@@ -63,6 +64,7 @@ class Records {
   struct Direction {
     std::string secret;
     EVP_CIPHER_CTX* ctx = nullptr;
+    gcm::Key vaes;  // the same key for tls/aes_gcm_vaes.h, set where that code runs (vaes_)
     uint8_t iv[12] = {};
     uint64_t seq = 0;
   };
@@ -80,6 +82,7 @@ class Records {
   friend struct RecordsTestAccess;  // tests/base/test_tls.cc: records of any content type
 
   int fd_ = -1;
+  bool vaes_ = false;  // seal and open with tls/aes_gcm_vaes.h, not OpenSSL's EVP (create says when)
   Direction tx_, rx_;
   std::string why_;
   bool broken_ = false;  // a record failed to open, an alert came, or the cipher failed: for good

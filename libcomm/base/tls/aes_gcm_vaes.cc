@@ -1,0 +1,274 @@
+#include "tls/aes_gcm_vaes.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <openssl/crypto.h>
+
+#include <cstring>
+
+// Every function that touches a vector register is compiled for these instructions alone; the
+// callers (records.cc) reach them only after cpu_has_vaes().
+#define COMM_VAES __attribute__((target("avx2,vaes,vpclmulqdq,aes,pclmul,ssse3")))
+
+namespace comm::tls::gcm {
+
+bool cpu_has_vaes() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+  const bool aes = c & (1u << 25), pclmul = c & (1u << 1), ssse3 = c & (1u << 9);
+  const bool osxsave = c & (1u << 27), avx = c & (1u << 28);
+  if (!aes || !pclmul || !ssse3 || !osxsave || !avx) return false;
+  // The OS must save the xmm and ymm state across context switches (XCR0 bits 1 and 2).
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 6u) != 6u) return false;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx2 = b & (1u << 5), vaes = c & (1u << 9), vpclmul = c & (1u << 10);
+  return avx2 && vaes && vpclmul;
+}
+
+namespace {
+
+// GHASH works on bit-reflected field elements (SP 800-38D section 6.3: the first bit of a block is
+// the coefficient of x^0). Byte-reversing a block makes the whole 128-bit register the reflected
+// polynomial, so that PCLMULQDQ multiplies it directly (Intel's "Carry-Less Multiplication and its
+// Usage for Computing the GCM Mode" white paper, the byte-reflected method).
+COMM_VAES inline __m128i rev_mask() { return _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+COMM_VAES inline __m128i bswap(__m128i v) { return _mm_shuffle_epi8(v, rev_mask()); }
+COMM_VAES inline __m128i load(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+COMM_VAES inline void store(uint8_t* p, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v); }
+
+// x^128 + x^7 + x^2 + x + 1 reflected and shifted: x^127 + x^126 + x^121 + 1 as (high, low) qwords.
+COMM_VAES inline __m128i gf_poly() {
+  return _mm_set_epi64x(static_cast<long long>(0xc200000000000000ull), 1);
+}
+
+// The 256-bit carry-less product lo + mi*x^64 + hi*x^128 reduced, times x^-128 (a Montgomery
+// reduction in two folds of 64 bits, each one clmul by the polynomial's upper half). The x^-128 and
+// the one-bit shift that reflected operands carry are both paid for once in the hash key: the
+// powers of H are stored pre-multiplied (expand_key), so mul(a, H') is GHASH's a * H.
+COMM_VAES inline __m128i reduce(__m128i lo, __m128i mi, __m128i hi) {
+  const __m128i poly = gf_poly();
+  __m128i t = _mm_clmulepi64_si128(lo, poly, 0x10);  // lo's low qword times the poly's high one
+  mi = _mm_xor_si128(mi, _mm_xor_si128(_mm_shuffle_epi32(lo, 0x4e), t));
+  t = _mm_clmulepi64_si128(mi, poly, 0x10);
+  return _mm_xor_si128(hi, _mm_xor_si128(_mm_shuffle_epi32(mi, 0x4e), t));
+}
+
+// Schoolbook: four 64x64 products (Karatsuba saves one and costs three XORs and a table; with the
+// products two to an instruction the plain form keeps the loop simpler).
+COMM_VAES inline __m128i mul(__m128i a, __m128i b) {
+  const __m128i lo = _mm_clmulepi64_si128(a, b, 0x00);
+  const __m128i mi = _mm_xor_si128(_mm_clmulepi64_si128(a, b, 0x01), _mm_clmulepi64_si128(a, b, 0x10));
+  const __m128i hi = _mm_clmulepi64_si128(a, b, 0x11);
+  return reduce(lo, mi, hi);
+}
+
+COMM_VAES inline __m128i aes_block(const Key& k, __m128i b) {
+  b = _mm_xor_si128(b, load(k.round[0]));
+  for (int r = 1; r < 10; ++r) b = _mm_aesenc_si128(b, load(k.round[r]));
+  return _mm_aesenclast_si128(b, load(k.round[10]));
+}
+
+// FIPS 197 section 5.2's key expansion, one round key from the last and AESKEYGENASSIST's word.
+COMM_VAES inline __m128i next_round_key(__m128i k, __m128i assist) {
+  assist = _mm_shuffle_epi32(assist, 0xff);
+  k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+  k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+  k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+  return _mm_xor_si128(k, assist);
+}
+
+// Whole blocks: CTR (section 6.5) and GHASH of the ciphertext, eight blocks a round with one
+// reduction for the eight (sum of X_i * H^(9-i), section 6.4's recurrence unrolled), then one
+// block at a time. ctr and x are byte-reversed.
+template <bool kEncrypt>
+COMM_VAES void blocks(const Key& k, __m128i* ctr, __m128i* x, const uint8_t* in, uint8_t* out, size_t n) {
+  const __m256i rev = _mm256_broadcastsi128_si256(rev_mask());
+  __m256i rk[11];
+  for (int r = 0; r < 11; ++r) rk[r] = _mm256_broadcastsi128_si256(load(k.round[r]));
+  __m256i hp[4];
+  for (int i = 0; i < 4; ++i) hp[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));
+  // inc32 (section 6.2): only the low 32 bits count; the byte-reversed form holds them in the
+  // low dword, where a 32-bit add wraps as inc32 does.
+  __m256i c0 = _mm256_add_epi32(_mm256_broadcastsi128_si256(*ctr), _mm256_set_epi32(0, 0, 0, 1, 0, 0, 0, 0));
+  const __m256i two = _mm256_set_epi32(0, 0, 0, 2, 0, 0, 0, 2);
+  const __m256i eight = _mm256_set_epi32(0, 0, 0, 8, 0, 0, 0, 8);
+  __m256i c1 = _mm256_add_epi32(c0, two), c2 = _mm256_add_epi32(c1, two), c3 = _mm256_add_epi32(c2, two);
+  __m128i acc = *x;
+  for (; n >= 8; n -= 8, in += 128, out += 128) {
+    __m256i b0 = _mm256_xor_si256(_mm256_shuffle_epi8(c0, rev), rk[0]);
+    __m256i b1 = _mm256_xor_si256(_mm256_shuffle_epi8(c1, rev), rk[0]);
+    __m256i b2 = _mm256_xor_si256(_mm256_shuffle_epi8(c2, rev), rk[0]);
+    __m256i b3 = _mm256_xor_si256(_mm256_shuffle_epi8(c3, rev), rk[0]);
+    c0 = _mm256_add_epi32(c0, eight);
+    c1 = _mm256_add_epi32(c1, eight);
+    c2 = _mm256_add_epi32(c2, eight);
+    c3 = _mm256_add_epi32(c3, eight);
+    for (int r = 1; r < 10; ++r) {
+      b0 = _mm256_aesenc_epi128(b0, rk[r]);
+      b1 = _mm256_aesenc_epi128(b1, rk[r]);
+      b2 = _mm256_aesenc_epi128(b2, rk[r]);
+      b3 = _mm256_aesenc_epi128(b3, rk[r]);
+    }
+    const auto* src = reinterpret_cast<const __m256i*>(in);
+    auto* dst = reinterpret_cast<__m256i*>(out);
+    const __m256i d0 = _mm256_loadu_si256(src), d1 = _mm256_loadu_si256(src + 1);
+    const __m256i d2 = _mm256_loadu_si256(src + 2), d3 = _mm256_loadu_si256(src + 3);
+    const __m256i o0 = _mm256_xor_si256(d0, _mm256_aesenclast_epi128(b0, rk[10]));
+    const __m256i o1 = _mm256_xor_si256(d1, _mm256_aesenclast_epi128(b1, rk[10]));
+    const __m256i o2 = _mm256_xor_si256(d2, _mm256_aesenclast_epi128(b2, rk[10]));
+    const __m256i o3 = _mm256_xor_si256(d3, _mm256_aesenclast_epi128(b3, rk[10]));
+    _mm256_storeu_si256(dst, o0);
+    _mm256_storeu_si256(dst + 1, o1);
+    _mm256_storeu_si256(dst + 2, o2);
+    _mm256_storeu_si256(dst + 3, o3);
+    // GHASH always reads the ciphertext: what is written when sealing, what is read when opening.
+    __m256i g0 = _mm256_shuffle_epi8(kEncrypt ? o0 : d0, rev);
+    const __m256i g1 = _mm256_shuffle_epi8(kEncrypt ? o1 : d1, rev);
+    const __m256i g2 = _mm256_shuffle_epi8(kEncrypt ? o2 : d2, rev);
+    const __m256i g3 = _mm256_shuffle_epi8(kEncrypt ? o3 : d3, rev);
+    g0 = _mm256_xor_si256(g0, _mm256_zextsi128_si256(acc));  // the running hash joins the first block
+    __m256i lo = _mm256_clmulepi64_epi128(g0, hp[0], 0x00);
+    __m256i mi = _mm256_xor_si256(_mm256_clmulepi64_epi128(g0, hp[0], 0x01), _mm256_clmulepi64_epi128(g0, hp[0], 0x10));
+    __m256i hi = _mm256_clmulepi64_epi128(g0, hp[0], 0x11);
+    const __m256i* gs[3] = {&g1, &g2, &g3};
+    for (int i = 0; i < 3; ++i) {
+      const __m256i g = *gs[i], h = hp[i + 1];
+      lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(g, h, 0x00));
+      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(g, h, 0x01));
+      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(g, h, 0x10));
+      hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(g, h, 0x11));
+    }
+    // The two lanes' sums add (reduction is linear): one reduction for eight blocks.
+    acc = reduce(_mm_xor_si128(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)),
+                 _mm_xor_si128(_mm256_castsi256_si128(mi), _mm256_extracti128_si256(mi, 1)),
+                 _mm_xor_si128(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
+  }
+  __m128i c = _mm256_castsi256_si128(c0);  // the next counter (lane 0 of the next group)
+  const __m128i h1 = load(k.hpow[7]);
+  for (; n > 0; --n, in += 16, out += 16) {
+    const __m128i d = load(in);
+    const __m128i o = _mm_xor_si128(d, aes_block(k, bswap(c)));
+    c = _mm_add_epi32(c, _mm_set_epi32(0, 0, 0, 1));
+    store(out, o);
+    acc = mul(_mm_xor_si128(acc, bswap(kEncrypt ? o : d)), h1);
+  }
+  *ctr = c;
+  *x = acc;
+}
+
+}  // namespace
+
+COMM_VAES void expand_key(Key* k, const uint8_t key[16]) {
+  __m128i r = load(key);
+  store(k->round[0], r);
+#define COMM_ROUND(i, rcon)                                            \
+  r = next_round_key(r, _mm_aeskeygenassist_si128(r, rcon));            \
+  store(k->round[i], r);
+  COMM_ROUND(1, 0x01) COMM_ROUND(2, 0x02) COMM_ROUND(3, 0x04) COMM_ROUND(4, 0x08) COMM_ROUND(5, 0x10)
+  COMM_ROUND(6, 0x20) COMM_ROUND(7, 0x40) COMM_ROUND(8, 0x80) COMM_ROUND(9, 0x1b) COMM_ROUND(10, 0x36)
+#undef COMM_ROUND
+  // H = E(K, 0^128) (section 6.4), byte-reversed, times x: reflected operands give a product one
+  // bit short, and reduce() leaves a factor x^-128 that the pre-multiplied powers cancel, since
+  // mul(a, b) = a*b*c for one constant c and H' = H/c gives mul(H^i', H') = H^(i+1)'.
+  alignas(16) uint8_t hb[16];
+  store(hb, bswap(aes_block(*k, _mm_setzero_si128())));
+  uint64_t lo, hi;
+  std::memcpy(&lo, hb, 8);
+  std::memcpy(&hi, hb + 8, 8);
+  const uint64_t carry = 0 - (hi >> 63);  // all ones when x^127's bit goes out: no branch on the key
+  hi = (hi << 1) | (lo >> 63);
+  lo <<= 1;
+  hi ^= carry & 0xc200000000000000ull;
+  lo ^= carry & 1;
+  const __m128i h = _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo));
+  OPENSSL_cleanse(hb, sizeof hb);
+  __m128i p = h;
+  for (int i = 7; i >= 0; --i) {  // hpow[7] = H^1 ... hpow[0] = H^8
+    store(k->hpow[i], p);
+    p = mul(p, h);
+  }
+}
+
+COMM_VAES Stream::Stream(const Key& k, const uint8_t nonce[12], const uint8_t* aad, size_t aad_len)
+    : key_(k), aad_len_(aad_len) {
+  // J0 = IV || 0^31 || 1 for a 96-bit IV (section 7.1 step 2); the text starts at inc32(J0).
+  alignas(16) uint8_t j0[16] = {};
+  std::memcpy(j0, nonce, 12);
+  j0[15] = 1;
+  store(mask_, aes_block(k, load(j0)));
+  j0[15] = 2;
+  store(ctr_, bswap(load(j0)));
+  __m128i x = _mm_setzero_si128();
+  const __m128i h1 = load(k.hpow[7]);
+  for (size_t at = 0; at < aad_len; at += 16) {
+    alignas(16) uint8_t b[16] = {};  // the last block zero-padded (section 7.1 step 4)
+    std::memcpy(b, aad + at, aad_len - at < 16 ? aad_len - at : 16);
+    x = mul(_mm_xor_si128(x, bswap(load(b))), h1);
+  }
+  store(x_, x);
+}
+
+Stream::~Stream() {
+  OPENSSL_cleanse(ks_, sizeof ks_);
+  OPENSSL_cleanse(part_, sizeof part_);
+  OPENSSL_cleanse(mask_, sizeof mask_);
+}
+
+COMM_VAES void Stream::crypt(const uint8_t* in, uint8_t* out, size_t n, bool encrypt) {
+  text_len_ += n;
+  __m128i x = load(x_);
+  const __m128i h1 = load(key_.hpow[7]);
+  // Finish a block an earlier piece ended inside, byte by byte from its saved key stream.
+  while (pos_ > 0 && n > 0) {
+    const uint8_t p = *in++;
+    const uint8_t o = static_cast<uint8_t>(p ^ ks_[pos_]);
+    *out++ = o;
+    part_[pos_++] = encrypt ? o : p;
+    --n;
+    if (pos_ == 16) {
+      x = mul(_mm_xor_si128(x, bswap(load(part_))), h1);
+      pos_ = 0;
+    }
+  }
+  __m128i ctr = load(ctr_);
+  const size_t whole = n / 16;
+  if (whole > 0) {
+    if (encrypt) blocks<true>(key_, &ctr, &x, in, out, whole);
+    else blocks<false>(key_, &ctr, &x, in, out, whole);
+    in += 16 * whole;
+    out += 16 * whole;
+    n -= 16 * whole;
+  }
+  if (n > 0) {  // a block this piece ends inside: keep its key stream for the next piece
+    store(ks_, aes_block(key_, bswap(ctr)));
+    ctr = _mm_add_epi32(ctr, _mm_set_epi32(0, 0, 0, 1));
+    for (; n > 0; --n) {
+      const uint8_t p = *in++;
+      const uint8_t o = static_cast<uint8_t>(p ^ ks_[pos_]);
+      *out++ = o;
+      part_[pos_++] = encrypt ? o : p;
+    }
+  }
+  store(ctr_, ctr);
+  store(x_, x);
+}
+
+COMM_VAES void Stream::tag(uint8_t out[16]) {
+  __m128i x = load(x_);
+  const __m128i h1 = load(key_.hpow[7]);
+  if (pos_ > 0) {  // the last partial block, zero-padded (section 7.1 step 4)
+    std::memset(part_ + pos_, 0, 16 - pos_);
+    x = mul(_mm_xor_si128(x, bswap(load(part_))), h1);
+    pos_ = 0;
+  }
+  // len(A) || len(C) in bits, each 64 bits big-endian; byte-reversed, len(C) is the low qword.
+  const __m128i lens = _mm_set_epi64x(static_cast<long long>(aad_len_ * 8), static_cast<long long>(text_len_ * 8));
+  x = mul(_mm_xor_si128(x, lens), h1);
+  store(out, _mm_xor_si128(bswap(x), load(mask_)));  // section 7.1 step 6: T = MSB(GCTR(J0, S))
+  store(x_, x);
+}
+
+}  // namespace comm::tls::gcm
