@@ -89,7 +89,11 @@ COMM_VAES void blocks(const Key& k, __m128i* ctr, __m128i* x, const uint8_t* in,
   __m256i rk[11];
   for (int r = 0; r < 11; ++r) rk[r] = _mm256_broadcastsi128_si256(load(k.round[r]));
   __m256i hp[4];
-  for (int i = 0; i < 4; ++i) hp[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));
+  __m256i hk[4];  // Karatsuba's middle operand: each power's two halves XORed, in both qwords
+  for (int i = 0; i < 4; ++i) {
+    hp[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));
+    hk[i] = _mm256_xor_si256(hp[i], _mm256_shuffle_epi32(hp[i], 0x4e));
+  }
   // inc32 (section 6.2): only the low 32 bits count; the byte-reversed form holds them in the
   // low dword, where a 32-bit add wraps as inc32 does.
   __m256i c0 = _mm256_add_epi32(_mm256_broadcastsi128_si256(*ctr), _mm256_set_epi32(0, 0, 0, 1, 0, 0, 0, 0));
@@ -130,17 +134,19 @@ COMM_VAES void blocks(const Key& k, __m128i* ctr, __m128i* x, const uint8_t* in,
     const __m256i g2 = _mm256_shuffle_epi8(kEncrypt ? o2 : d2, rev);
     const __m256i g3 = _mm256_shuffle_epi8(kEncrypt ? o3 : d3, rev);
     g0 = _mm256_xor_si256(g0, _mm256_zextsi128_si256(acc));  // the running hash joins the first block
+    // Karatsuba: (a_lo^a_hi)(h_lo^h_hi) ^ lo ^ hi is the middle term, three products a block
+    // instead of four (the pre-XORed powers hk make the third one clmul away).
     __m256i lo = _mm256_clmulepi64_epi128(g0, hp[0], 0x00);
-    __m256i mi = _mm256_xor_si256(_mm256_clmulepi64_epi128(g0, hp[0], 0x01), _mm256_clmulepi64_epi128(g0, hp[0], 0x10));
     __m256i hi = _mm256_clmulepi64_epi128(g0, hp[0], 0x11);
+    __m256i mi = _mm256_clmulepi64_epi128(_mm256_xor_si256(g0, _mm256_shuffle_epi32(g0, 0x4e)), hk[0], 0x00);
     const __m256i* gs[3] = {&g1, &g2, &g3};
     for (int i = 0; i < 3; ++i) {
       const __m256i g = *gs[i], h = hp[i + 1];
       lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(g, h, 0x00));
-      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(g, h, 0x01));
-      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(g, h, 0x10));
       hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(g, h, 0x11));
+      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(_mm256_xor_si256(g, _mm256_shuffle_epi32(g, 0x4e)), hk[i + 1], 0x00));
     }
+    mi = _mm256_xor_si256(mi, _mm256_xor_si256(lo, hi));
     // The two lanes' sums add (reduction is linear): one reduction for eight blocks.
     acc = reduce(_mm_xor_si128(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)),
                  _mm_xor_si128(_mm256_castsi256_si128(mi), _mm256_extracti128_si256(mi, 1)),
