@@ -80,80 +80,64 @@ COMM_VAES inline __m128i next_round_key(__m128i k, __m128i assist) {
   return _mm_xor_si128(k, assist);
 }
 
-// Whole blocks: CTR (section 6.5) and GHASH of the ciphertext, eight blocks a round with one
-// reduction for the eight (sum of X_i * H^(9-i), section 6.4's recurrence unrolled), then one
-// block at a time. ctr and x are byte-reversed.
+// Whole blocks: CTR (section 6.5) and GHASH of the ciphertext, kBlocks blocks a round with one
+// reduction for them all (sum of X_i * H^(kBlocks+1-i), section 6.4's recurrence unrolled), then
+// one block at a time. ctr and x are byte-reversed. kBlocks/2 independent AES chains, so that
+// VAES's pipeline (latency 4) has work while a chain waits.
+constexpr int kLanes = kBlocks / 2;  // ymm registers per round
+
 template <bool kEncrypt>
 COMM_VAES void blocks(const Key& k, __m128i* ctr, __m128i* x, const uint8_t* in, uint8_t* out, size_t n) {
   const __m256i rev = _mm256_broadcastsi128_si256(rev_mask());
   __m256i rk[11];
   for (int r = 0; r < 11; ++r) rk[r] = _mm256_broadcastsi128_si256(load(k.round[r]));
-  __m256i hp[4];
-  __m256i hk[4];  // Karatsuba's middle operand: each power's two halves XORed, in both qwords
-  for (int i = 0; i < 4; ++i) {
-    hp[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));
-    hk[i] = _mm256_xor_si256(hp[i], _mm256_shuffle_epi32(hp[i], 0x4e));
-  }
   // inc32 (section 6.2): only the low 32 bits count; the byte-reversed form holds them in the
   // low dword, where a 32-bit add wraps as inc32 does.
-  __m256i c0 = _mm256_add_epi32(_mm256_broadcastsi128_si256(*ctr), _mm256_set_epi32(0, 0, 0, 1, 0, 0, 0, 0));
+  __m256i ctrs[kLanes];
+  ctrs[0] = _mm256_add_epi32(_mm256_broadcastsi128_si256(*ctr), _mm256_set_epi32(0, 0, 0, 1, 0, 0, 0, 0));
   const __m256i two = _mm256_set_epi32(0, 0, 0, 2, 0, 0, 0, 2);
-  const __m256i eight = _mm256_set_epi32(0, 0, 0, 8, 0, 0, 0, 8);
-  __m256i c1 = _mm256_add_epi32(c0, two), c2 = _mm256_add_epi32(c1, two), c3 = _mm256_add_epi32(c2, two);
+  const __m256i step = _mm256_set_epi32(0, 0, 0, kBlocks, 0, 0, 0, kBlocks);
+  for (int i = 1; i < kLanes; ++i) ctrs[i] = _mm256_add_epi32(ctrs[i - 1], two);
   __m128i acc = *x;
-  for (; n >= 8; n -= 8, in += 128, out += 128) {
-    __m256i b0 = _mm256_xor_si256(_mm256_shuffle_epi8(c0, rev), rk[0]);
-    __m256i b1 = _mm256_xor_si256(_mm256_shuffle_epi8(c1, rev), rk[0]);
-    __m256i b2 = _mm256_xor_si256(_mm256_shuffle_epi8(c2, rev), rk[0]);
-    __m256i b3 = _mm256_xor_si256(_mm256_shuffle_epi8(c3, rev), rk[0]);
-    c0 = _mm256_add_epi32(c0, eight);
-    c1 = _mm256_add_epi32(c1, eight);
-    c2 = _mm256_add_epi32(c2, eight);
-    c3 = _mm256_add_epi32(c3, eight);
+  for (; n >= kBlocks; n -= kBlocks, in += 16 * kBlocks, out += 16 * kBlocks) {
+    __m256i b[kLanes];
+#pragma GCC unroll 8
+    for (int i = 0; i < kLanes; ++i) {
+      b[i] = _mm256_xor_si256(_mm256_shuffle_epi8(ctrs[i], rev), rk[0]);
+      ctrs[i] = _mm256_add_epi32(ctrs[i], step);
+    }
+#pragma GCC unroll 9
     for (int r = 1; r < 10; ++r) {
-      b0 = _mm256_aesenc_epi128(b0, rk[r]);
-      b1 = _mm256_aesenc_epi128(b1, rk[r]);
-      b2 = _mm256_aesenc_epi128(b2, rk[r]);
-      b3 = _mm256_aesenc_epi128(b3, rk[r]);
+#pragma GCC unroll 8
+      for (int i = 0; i < kLanes; ++i) b[i] = _mm256_aesenc_epi128(b[i], rk[r]);
     }
     const auto* src = reinterpret_cast<const __m256i*>(in);
     auto* dst = reinterpret_cast<__m256i*>(out);
-    const __m256i d0 = _mm256_loadu_si256(src), d1 = _mm256_loadu_si256(src + 1);
-    const __m256i d2 = _mm256_loadu_si256(src + 2), d3 = _mm256_loadu_si256(src + 3);
-    const __m256i o0 = _mm256_xor_si256(d0, _mm256_aesenclast_epi128(b0, rk[10]));
-    const __m256i o1 = _mm256_xor_si256(d1, _mm256_aesenclast_epi128(b1, rk[10]));
-    const __m256i o2 = _mm256_xor_si256(d2, _mm256_aesenclast_epi128(b2, rk[10]));
-    const __m256i o3 = _mm256_xor_si256(d3, _mm256_aesenclast_epi128(b3, rk[10]));
-    _mm256_storeu_si256(dst, o0);
-    _mm256_storeu_si256(dst + 1, o1);
-    _mm256_storeu_si256(dst + 2, o2);
-    _mm256_storeu_si256(dst + 3, o3);
-    // GHASH always reads the ciphertext: what is written when sealing, what is read when opening.
-    __m256i g0 = _mm256_shuffle_epi8(kEncrypt ? o0 : d0, rev);
-    const __m256i g1 = _mm256_shuffle_epi8(kEncrypt ? o1 : d1, rev);
-    const __m256i g2 = _mm256_shuffle_epi8(kEncrypt ? o2 : d2, rev);
-    const __m256i g3 = _mm256_shuffle_epi8(kEncrypt ? o3 : d3, rev);
-    g0 = _mm256_xor_si256(g0, _mm256_zextsi128_si256(acc));  // the running hash joins the first block
-    // Karatsuba: (a_lo^a_hi)(h_lo^h_hi) ^ lo ^ hi is the middle term, three products a block
-    // instead of four (the pre-XORed powers hk make the third one clmul away).
-    __m256i lo = _mm256_clmulepi64_epi128(g0, hp[0], 0x00);
-    __m256i hi = _mm256_clmulepi64_epi128(g0, hp[0], 0x11);
-    __m256i mi = _mm256_clmulepi64_epi128(_mm256_xor_si256(g0, _mm256_shuffle_epi32(g0, 0x4e)), hk[0], 0x00);
-    const __m256i* gs[3] = {&g1, &g2, &g3};
-    for (int i = 0; i < 3; ++i) {
-      const __m256i g = *gs[i], h = hp[i + 1];
+    __m256i lo = _mm256_setzero_si256(), mi = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int i = 0; i < kLanes; ++i) {
+      const __m256i d = _mm256_loadu_si256(src + i);
+      const __m256i o = _mm256_xor_si256(d, _mm256_aesenclast_epi128(b[i], rk[10]));
+      _mm256_storeu_si256(dst + i, o);
+      // GHASH always reads the ciphertext: what is written when sealing, what is read when opening.
+      __m256i g = _mm256_shuffle_epi8(kEncrypt ? o : d, rev);
+      if (i == 0) g = _mm256_xor_si256(g, _mm256_zextsi128_si256(acc));  // the running hash joins the first block
+      // Karatsuba: (g_lo^g_hi)(h_lo^h_hi) ^ lo ^ hi is the middle term, three products a block
+      // instead of four.
+      const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));
+      const __m256i hk = _mm256_xor_si256(h, _mm256_shuffle_epi32(h, 0x4e));
       lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(g, h, 0x00));
       hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(g, h, 0x11));
-      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(_mm256_xor_si256(g, _mm256_shuffle_epi32(g, 0x4e)), hk[i + 1], 0x00));
+      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(_mm256_xor_si256(g, _mm256_shuffle_epi32(g, 0x4e)), hk, 0x00));
     }
     mi = _mm256_xor_si256(mi, _mm256_xor_si256(lo, hi));
-    // The two lanes' sums add (reduction is linear): one reduction for eight blocks.
+    // The two lanes' sums add (reduction is linear): one reduction for all the blocks.
     acc = reduce(_mm_xor_si128(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)),
                  _mm_xor_si128(_mm256_castsi256_si128(mi), _mm256_extracti128_si256(mi, 1)),
                  _mm_xor_si128(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
   }
-  __m128i c = _mm256_castsi256_si128(c0);  // the next counter (lane 0 of the next group)
-  const __m128i h1 = load(k.hpow[7]);
+  __m128i c = _mm256_castsi256_si128(ctrs[0]);  // the next counter (lane 0 of the next group)
+  const __m128i h1 = load(k.hpow[kBlocks - 1]);
   for (; n > 0; --n, in += 16, out += 16) {
     const __m128i d = load(in);
     const __m128i o = _mm_xor_si128(d, aes_block(k, bswap(c)));
@@ -192,7 +176,7 @@ COMM_VAES void expand_key(Key* k, const uint8_t key[16]) {
   const __m128i h = _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo));
   OPENSSL_cleanse(hb, sizeof hb);
   __m128i p = h;
-  for (int i = 7; i >= 0; --i) {  // hpow[7] = H^1 ... hpow[0] = H^8
+  for (int i = kBlocks - 1; i >= 0; --i) {  // hpow[kBlocks - 1] = H^1 ... hpow[0] = H^kBlocks
     store(k->hpow[i], p);
     p = mul(p, h);
   }
@@ -208,7 +192,7 @@ COMM_VAES Stream::Stream(const Key& k, const uint8_t nonce[12], const uint8_t* a
   j0[15] = 2;
   store(ctr_, bswap(load(j0)));
   __m128i x = _mm_setzero_si128();
-  const __m128i h1 = load(k.hpow[7]);
+  const __m128i h1 = load(k.hpow[kBlocks - 1]);
   for (size_t at = 0; at < aad_len; at += 16) {
     alignas(16) uint8_t b[16] = {};  // the last block zero-padded (section 7.1 step 4)
     std::memcpy(b, aad + at, aad_len - at < 16 ? aad_len - at : 16);
@@ -226,7 +210,7 @@ Stream::~Stream() {
 COMM_VAES void Stream::crypt(const uint8_t* in, uint8_t* out, size_t n, bool encrypt) {
   text_len_ += n;
   __m128i x = load(x_);
-  const __m128i h1 = load(key_.hpow[7]);
+  const __m128i h1 = load(key_.hpow[kBlocks - 1]);
   // Finish a block an earlier piece ended inside, byte by byte from its saved key stream.
   while (pos_ > 0 && n > 0) {
     const uint8_t p = *in++;
@@ -264,7 +248,7 @@ COMM_VAES void Stream::crypt(const uint8_t* in, uint8_t* out, size_t n, bool enc
 
 COMM_VAES void Stream::tag(uint8_t out[16]) {
   __m128i x = load(x_);
-  const __m128i h1 = load(key_.hpow[7]);
+  const __m128i h1 = load(key_.hpow[kBlocks - 1]);
   if (pos_ > 0) {  // the last partial block, zero-padded (section 7.1 step 4)
     std::memset(part_ + pos_, 0, 16 - pos_);
     x = mul(_mm_xor_si128(x, bswap(load(part_))), h1);

@@ -17,12 +17,16 @@ namespace comm::tls::gcm {
 // AES-NI, PCLMULQDQ, SSSE3, AVX2, VAES and VPCLMULQDQ, and an OS that saves the ymm registers.
 bool cpu_has_vaes();
 
+// Blocks per GHASH reduction in the main loop (aes_gcm_vaes.cc). 16 measured no faster than 8
+// on a 2-vCPU Zen 3 (docs/benchmarks.md), and 8 keeps the key and the tail short.
+constexpr int kBlocks = 8;
+
 // One key: the AES-128 schedule and the hash key's powers. Secret: its owner wipes it.
 struct Key {
   alignas(32) uint8_t round[11][16];
-  // H^8, H^7, ..., H^1, each byte-reflected and pre-multiplied by x (aes_gcm_vaes.cc says why),
-  // in the order the eight-block loop pairs them with its blocks.
-  alignas(32) uint8_t hpow[8][16];
+  // H^kBlocks, ..., H^2, H^1, each byte-reflected and pre-multiplied (aes_gcm_vaes.cc says why),
+  // in the order the main loop pairs them with its blocks.
+  alignas(32) uint8_t hpow[kBlocks][16];
 };
 void expand_key(Key* k, const uint8_t key[16]);
 
