@@ -205,6 +205,7 @@ Stream::~Stream() {
   OPENSSL_cleanse(ks_, sizeof ks_);
   OPENSSL_cleanse(part_, sizeof part_);
   OPENSSL_cleanse(mask_, sizeof mask_);
+  OPENSSL_cleanse(x_, sizeof x_);
 }
 
 COMM_VAES void Stream::crypt(const uint8_t* in, uint8_t* out, size_t n, bool encrypt) {
