@@ -10,8 +10,9 @@
 // The records are RFC 8446's (section 5.2): AES-128-GCM, the nonce the write IV XOR the record's
 // sequence number, the record header as additional data, the content type after the plaintext,
 // no padding sent (a peer's padding is accepted). The cipher is tls/aes_gcm_vaes.h where the CPU
-// runs it (COMM_TLS_AES, records.cc), else OpenSSL's EVP: both give the same bytes. The keys come from the handshake's application
-// traffic secrets (OpenSSL's key log callback: tls.cc), expanded as section 7.3 says. Before a
+// runs it (COMM_TLS_AES, records.cc), else OpenSSL's EVP: both give the same bytes. The keys come
+// from the handshake's application traffic secrets (OpenSSL's key log callback: tls.cc), expanded
+// as section 7.3 says. Before a
 // key has sealed kRecordsPerKey records its sender sends a KeyUpdate and both ends move to the
 // next secret (section 4.6.3), far below AES-GCM's limit of 2^24.5 records per key (section 5.5).
 // Handshake messages after the handshake (KeyUpdate; NewSessionTicket to a client, unused) may
