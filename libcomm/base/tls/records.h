@@ -12,9 +12,9 @@
 // no padding sent (a peer's padding is accepted). The cipher is tls/aes_gcm_vaes.h where the CPU
 // runs it (COMM_TLS_AES, records.cc), else OpenSSL's EVP: both give the same bytes. The keys come
 // from the handshake's application traffic secrets (OpenSSL's key log callback: tls.cc), expanded
-// as section 7.3 says. Before a
-// key has sealed kRecordsPerKey records its sender sends a KeyUpdate and both ends move to the
-// next secret (section 4.6.3), far below AES-GCM's limit of 2^24.5 records per key (section 5.5).
+// as section 7.3 says. Before a key has sealed kRecordsPerKey records its sender sends a
+// KeyUpdate and both ends move to the next secret (section 4.6.3), far below AES-GCM's limit
+// of 2^24.5 records per key (section 5.5).
 // Handshake messages after the handshake (KeyUpdate; NewSessionTicket to a client, unused) may
 // be fragmented across records or coalesced in one (section 5.1): tls/handshake_messages.h
 // reassembles them, and application data inside a fragmented message is an error.
