@@ -86,56 +86,96 @@ COMM_VAES inline __m128i next_round_key(__m128i k, __m128i assist) {
 // VAES's pipeline (latency 4) has work while a chain waits.
 constexpr int kLanes = kBlocks / 2;  // ymm registers per round
 
+// What the main loop keeps in registers.
+struct Wide {
+  __m256i rev, step, rk[11], hp[kLanes], hk[kLanes], ctrs[kLanes];
+};
+
+// One group: when kAes the key stream of kLanes counter pairs into ks, when kHash GHASH of g
+// (kBlocks byte-reversed ciphertext blocks) into acc, its instructions placed between the AES
+// rounds: the two chains are independent, and the CPU overlaps them better when they sit near
+// each other in the instruction stream (about 5 % faster than one after the other, measured).
+template <bool kHash, bool kAes = true>
+COMM_VAES __attribute__((always_inline)) inline void group(Wide& w, const __m256i* g, __m128i* acc, __m256i* ks) {
+  __m256i b[kLanes];
+#pragma GCC unroll 8
+  for (int i = 0; i < kLanes; ++i) {
+    b[i] = _mm256_xor_si256(_mm256_shuffle_epi8(w.ctrs[i], w.rev), w.rk[0]);
+    w.ctrs[i] = _mm256_add_epi32(w.ctrs[i], w.step);
+  }
+  __m256i lo = _mm256_setzero_si256(), mi = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+#pragma GCC unroll 9
+  for (int r = 1; r < 10; ++r) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kLanes; ++i)
+      if (kAes) b[i] = _mm256_aesenc_epi128(b[i], w.rk[r]);
+    if (!kHash) continue;
+    if (r <= kLanes) {  // one pair of blocks per round; Karatsuba, three products a block
+      const int i = r - 1;
+      __m256i x = g[i];
+      if (i == 0) x = _mm256_xor_si256(x, _mm256_zextsi128_si256(*acc));  // the running hash joins the first block
+      lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(x, w.hp[i], 0x00));
+      hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(x, w.hp[i], 0x11));
+      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(_mm256_xor_si256(x, _mm256_shuffle_epi32(x, 0x4e)), w.hk[i], 0x00));
+    } else if (r == kLanes + 1) {
+      // (g_lo^g_hi)(h_lo^h_hi) ^ lo ^ hi is the middle term; the two lanes' sums add (reduction
+      // is linear): one reduction for all the blocks.
+      mi = _mm256_xor_si256(mi, _mm256_xor_si256(lo, hi));
+      *acc = reduce(_mm_xor_si128(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)),
+                    _mm_xor_si128(_mm256_castsi256_si128(mi), _mm256_extracti128_si256(mi, 1)),
+                    _mm_xor_si128(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < kLanes; ++i)
+    if (kAes) ks[i] = _mm256_aesenclast_epi128(b[i], w.rk[10]);
+}
+
 template <bool kEncrypt>
 COMM_VAES void blocks(const Key& k, __m128i* ctr, __m128i* x, const uint8_t* in, uint8_t* out, size_t n) {
-  const __m256i rev = _mm256_broadcastsi128_si256(rev_mask());
-  __m256i rk[11];
-  for (int r = 0; r < 11; ++r) rk[r] = _mm256_broadcastsi128_si256(load(k.round[r]));
+  Wide w;
+  w.rev = _mm256_broadcastsi128_si256(rev_mask());
+  for (int r = 0; r < 11; ++r) w.rk[r] = _mm256_broadcastsi128_si256(load(k.round[r]));
+  for (int i = 0; i < kLanes; ++i) {
+    w.hp[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));
+    w.hk[i] = _mm256_xor_si256(w.hp[i], _mm256_shuffle_epi32(w.hp[i], 0x4e));  // Karatsuba's h_lo^h_hi
+  }
   // inc32 (section 6.2): only the low 32 bits count; the byte-reversed form holds them in the
   // low dword, where a 32-bit add wraps as inc32 does.
-  __m256i ctrs[kLanes];
-  ctrs[0] = _mm256_add_epi32(_mm256_broadcastsi128_si256(*ctr), _mm256_set_epi32(0, 0, 0, 1, 0, 0, 0, 0));
+  w.ctrs[0] = _mm256_add_epi32(_mm256_broadcastsi128_si256(*ctr), _mm256_set_epi32(0, 0, 0, 1, 0, 0, 0, 0));
   const __m256i two = _mm256_set_epi32(0, 0, 0, 2, 0, 0, 0, 2);
-  const __m256i step = _mm256_set_epi32(0, 0, 0, kBlocks, 0, 0, 0, kBlocks);
-  for (int i = 1; i < kLanes; ++i) ctrs[i] = _mm256_add_epi32(ctrs[i - 1], two);
+  w.step = _mm256_set_epi32(0, 0, 0, kBlocks, 0, 0, 0, kBlocks);
+  for (int i = 1; i < kLanes; ++i) w.ctrs[i] = _mm256_add_epi32(w.ctrs[i - 1], two);
   __m128i acc = *x;
+  __m256i g[kLanes], ks[kLanes];
+  bool pending = false;  // sealing: g holds the last group's ciphertext, hashed with the next group
   for (; n >= kBlocks; n -= kBlocks, in += 16 * kBlocks, out += 16 * kBlocks) {
-    __m256i b[kLanes];
-#pragma GCC unroll 8
-    for (int i = 0; i < kLanes; ++i) {
-      b[i] = _mm256_xor_si256(_mm256_shuffle_epi8(ctrs[i], rev), rk[0]);
-      ctrs[i] = _mm256_add_epi32(ctrs[i], step);
-    }
-#pragma GCC unroll 9
-    for (int r = 1; r < 10; ++r) {
-#pragma GCC unroll 8
-      for (int i = 0; i < kLanes; ++i) b[i] = _mm256_aesenc_epi128(b[i], rk[r]);
-    }
     const auto* src = reinterpret_cast<const __m256i*>(in);
     auto* dst = reinterpret_cast<__m256i*>(out);
-    __m256i lo = _mm256_setzero_si256(), mi = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    if (!kEncrypt) {  // opening hashes what it reads, beside its own key stream
+#pragma GCC unroll 8
+      for (int i = 0; i < kLanes; ++i) g[i] = _mm256_shuffle_epi8(_mm256_loadu_si256(src + i), w.rev);
+      group<true>(w, g, &acc, ks);
+    } else if (pending) {
+      group<true>(w, g, &acc, ks);
+    } else {
+      group<false>(w, g, &acc, ks);
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < kLanes; ++i) {
-      const __m256i d = _mm256_loadu_si256(src + i);
-      const __m256i o = _mm256_xor_si256(d, _mm256_aesenclast_epi128(b[i], rk[10]));
+      const __m256i o = _mm256_xor_si256(_mm256_loadu_si256(src + i), ks[i]);
       _mm256_storeu_si256(dst + i, o);
-      // GHASH always reads the ciphertext: what is written when sealing, what is read when opening.
-      __m256i g = _mm256_shuffle_epi8(kEncrypt ? o : d, rev);
-      if (i == 0) g = _mm256_xor_si256(g, _mm256_zextsi128_si256(acc));  // the running hash joins the first block
-      // Karatsuba: (g_lo^g_hi)(h_lo^h_hi) ^ lo ^ hi is the middle term, three products a block
-      // instead of four.
-      const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));
-      const __m256i hk = _mm256_xor_si256(h, _mm256_shuffle_epi32(h, 0x4e));
-      lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(g, h, 0x00));
-      hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(g, h, 0x11));
-      mi = _mm256_xor_si256(mi, _mm256_clmulepi64_epi128(_mm256_xor_si256(g, _mm256_shuffle_epi32(g, 0x4e)), hk, 0x00));
+      if (kEncrypt) g[i] = _mm256_shuffle_epi8(o, w.rev);
     }
-    mi = _mm256_xor_si256(mi, _mm256_xor_si256(lo, hi));
-    // The two lanes' sums add (reduction is linear): one reduction for all the blocks.
-    acc = reduce(_mm_xor_si128(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)),
-                 _mm_xor_si128(_mm256_castsi256_si128(mi), _mm256_extracti128_si256(mi, 1)),
-                 _mm_xor_si128(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)));
+    pending = kEncrypt;
   }
+  if (pending) {  // the last group's ciphertext, with no key stream beside it
+    __m256i saved[kLanes];
+    for (int i = 0; i < kLanes; ++i) saved[i] = w.ctrs[i];
+    group<true, false>(w, g, &acc, ks);
+    for (int i = 0; i < kLanes; ++i) w.ctrs[i] = saved[i];
+  }
+  const auto& ctrs = w.ctrs;
   __m128i c = _mm256_castsi256_si128(ctrs[0]);  // the next counter (lane 0 of the next group)
   const __m128i h1 = load(k.hpow[kBlocks - 1]);
   for (; n > 0; --n, in += 16, out += 16) {
