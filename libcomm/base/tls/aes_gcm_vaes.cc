@@ -56,8 +56,8 @@ COMM_VAES inline __m128i reduce(__m128i lo, __m128i mi, __m128i hi) {
   return _mm_xor_si128(hi, _mm_xor_si128(_mm_shuffle_epi32(mi, 0x4e), t));
 }
 
-// Schoolbook: four 64x64 products (Karatsuba saves one and costs three XORs and a table; with the
-// products two to an instruction the plain form keeps the loop simpler).
+// One product at a time (additional data, the last blocks, the tag, the key's powers): schoolbook,
+// four 64x64 products; the main loop (group) uses Karatsuba's three.
 COMM_VAES inline __m128i mul(__m128i a, __m128i b) {
   const __m128i lo = _mm_clmulepi64_si128(a, b, 0x00);
   const __m128i mi = _mm_xor_si128(_mm_clmulepi64_si128(a, b, 0x01), _mm_clmulepi64_si128(a, b, 0x10));
