@@ -69,7 +69,10 @@ bool vaes_chosen() {
       return false;
     }
     for (auto& c : how) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-    return how != "openssl" && gcm::cpu_has_vaes();
+    const bool vaes = how != "openssl" && gcm::cpu_has_vaes();
+    COMM_LOG(kInfo, kNet, "TLS records: AES-128-GCM by %s (COMM_TLS_AES=%s)",
+             vaes ? "libcomm's VAES/VPCLMULQDQ code" : "OpenSSL's EVP", how.c_str());
+    return vaes;
   }();
   return chosen;
 }
