@@ -18,7 +18,7 @@ namespace comm::tls::gcm {
 bool cpu_has_vaes();
 
 // Blocks per GHASH reduction in the main loop (aes_gcm_vaes.cc). 16 measured no faster than 8
-// on a 2-vCPU Zen 3 (docs/benchmarks.md), and 8 keeps the key and the tail short.
+// on the 2-vCPU AMD EPYC of issue 28 (docs/benchmarks.md), and 8 keeps the key and the tail short.
 constexpr int kBlocks = 8;
 
 // One key: the AES-128 schedule and the hash key's powers. Secret: its owner wipes it.
