@@ -186,6 +186,55 @@ TEST_CASE("VAES AES-128-GCM seals as OpenSSL does, opens OpenSSL's records and r
   CHECK(checked == static_cast<int>(sizes.size() * 3));
 }
 
+// Many small pieces: a piece that starts and ends inside one block, and carries of a partial
+// block many times in a row (pieces of 1-40 bytes, or single bytes), additional data of every
+// length up to 40, texts up to 2000 bytes (the eight-block loop entered and left at every phase).
+// Also the tag asked twice, and asked in the middle: it is the tag of the text so far each time.
+TEST_CASE("VAES AES-128-GCM matches OpenSSL when the text comes in many small pieces", "[tls][aes]") {
+  if (skip_without_vaes()) return;
+  std::mt19937_64 rng(0x6a09e667f3bcc908ull);
+  for (int c = 0; c < 600; ++c) {
+    const size_t size = rng() % 2001, aad_len = c < 41 ? static_cast<size_t>(c) : rng() % 41;
+    const Bytes key = random_bytes(16, rng), nonce = random_bytes(12, rng);
+    const Bytes aad = random_bytes(aad_len, rng), plain = random_bytes(size, rng);
+    Key k;
+    comm::tls::gcm::expand_key(&k, key.data());
+    const size_t most = c % 3 == 0 ? 1 : 40;
+    std::vector<std::pair<size_t, size_t>> cut;
+    for (size_t at = 0; at < size;) {
+      const size_t n = std::min(size - at, 1 + rng() % most);
+      cut.emplace_back(at, n);
+      at += n;
+    }
+    const bool in_place = c % 2 == 1;
+    INFO("case " << c << ": size " << size << ", aad " << aad_len << ", pieces " << cut.size()
+                 << (in_place ? ", in place" : ""));
+    const Sealed want = openssl_seal(key, nonce, aad, plain);
+    const Sealed got = vaes_seal(k, nonce, aad, plain, cut, in_place);
+    REQUIRE(got.text == want.text);
+    REQUIRE(got.tag == want.tag);
+    Bytes opened;
+    REQUIRE(vaes_open(k, nonce, aad, want.text, want.tag, cut, &opened));
+    REQUIRE(opened == plain);
+    // tag() leaves the stream as it was: asked twice, the same; asked halfway, the half's tag, and
+    // the stream then goes on to the whole text's.
+    const size_t half = size / 2;
+    const Bytes first(plain.begin(), plain.begin() + static_cast<long>(half));
+    Bytes text(size);
+    Stream gcm(k, nonce.data(), aad.data(), aad.size());
+    gcm.encrypt(plain.data(), text.data(), half);
+    uint8_t t1[16], t2[16];
+    gcm.tag(t1);
+    gcm.tag(t2);
+    CHECK(Bytes(t1, t1 + 16) == openssl_seal(key, nonce, aad, first).tag);
+    CHECK(Bytes(t2, t2 + 16) == Bytes(t1, t1 + 16));
+    gcm.encrypt(plain.data() + half, text.data() + half, size - half);
+    gcm.tag(t2);
+    CHECK(text == want.text);
+    CHECK(Bytes(t2, t2 + 16) == want.tag);
+  }
+}
+
 // Not a test: how fast one 16 KiB record (5 bytes of additional data, as a TLS record's header)
 // seals and opens here, in this thread's CPU seconds, against OpenSSL's EVP. `unit_tests "[.aes-benchmark]" -s`.
 TEST_CASE("VAES AES-128-GCM against OpenSSL on 16 KiB records", "[.aes-benchmark]") {

@@ -406,7 +406,7 @@ TEST_CASE("libcomm's TLS records: a byte altered in transit fails the read, and 
   REQUIRE(client->write(out.data(), out.size()) == static_cast<ssize_t>(out.size()));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   forward(b.get(), c.get(), true);
-  std::vector<uint8_t> in(out.size());
+  std::vector<uint8_t> in(out.size(), 0xAA);
   ssize_t n = -1;
   int err = 0;
   for (int i = 0; i < 2000; ++i) {
@@ -418,6 +418,11 @@ TEST_CASE("libcomm's TLS records: a byte altered in transit fails the read, and 
   CHECK(n == -1);
   CHECK(err == EPROTO);
   CHECK_THAT(server->why(), Catch::Contains("does not authenticate"));
+  // The record was opened straight into the caller's buffer (it had room) and did not
+  // authenticate: none of its would-be plaintext (the payload, one bit off) stays there.
+  size_t left = 0;
+  for (size_t i = 0; i < in.size(); ++i) left += in[i] == out[i] && out[i] != 0 && out[i] != 0xAA;
+  CHECK(left == 0);
 }
 
 // A record that fails in the middle of a read: the records before it are handed out, then the

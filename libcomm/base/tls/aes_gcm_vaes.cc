@@ -137,7 +137,7 @@ COMM_VAES void blocks(const Key& k, __m128i* ctr, __m128i* x, const uint8_t* in,
   w.rev = _mm256_broadcastsi128_si256(rev_mask());
   for (int r = 0; r < 11; ++r) w.rk[r] = _mm256_broadcastsi128_si256(load(k.round[r]));
   for (int i = 0; i < kLanes; ++i) {
-    w.hp[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));
+    w.hp[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.hpow[2 * i]));  // no alignment assumed of a Key's home
     w.hk[i] = _mm256_xor_si256(w.hp[i], _mm256_shuffle_epi32(w.hp[i], 0x4e));  // Karatsuba's h_lo^h_hi
   }
   // inc32 (section 6.2): only the low 32 bits count; the byte-reversed form holds them in the
@@ -174,6 +174,7 @@ COMM_VAES void blocks(const Key& k, __m128i* ctr, __m128i* x, const uint8_t* in,
     for (int i = 0; i < kLanes; ++i) saved[i] = w.ctrs[i];
     group<true, false>(w, g, &acc, ks);
     for (int i = 0; i < kLanes; ++i) w.ctrs[i] = saved[i];
+    OPENSSL_cleanse(saved, sizeof saved);
   }
   const auto& ctrs = w.ctrs;
   __m128i c = _mm256_castsi256_si128(ctrs[0]);  // the next counter (lane 0 of the next group)
@@ -187,6 +188,11 @@ COMM_VAES void blocks(const Key& k, __m128i* ctr, __m128i* x, const uint8_t* in,
   }
   *ctr = c;
   *x = acc;
+  // The round keys, hash powers, key stream and hashed text spilled to this frame are secret, as
+  // the Key and the Stream are (their owners wipe those): not left behind on the stack.
+  OPENSSL_cleanse(&w, sizeof w);
+  OPENSSL_cleanse(g, sizeof g);
+  OPENSSL_cleanse(ks, sizeof ks);
 }
 
 }  // namespace
@@ -213,13 +219,18 @@ COMM_VAES void expand_key(Key* k, const uint8_t key[16]) {
   lo <<= 1;
   hi ^= carry & 0xc200000000000000ull;
   lo ^= carry & 1;
-  const __m128i h = _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo));
+  __m128i h = _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo));
   OPENSSL_cleanse(hb, sizeof hb);
   __m128i p = h;
   for (int i = kBlocks - 1; i >= 0; --i) {  // hpow[kBlocks - 1] = H^1 ... hpow[0] = H^kBlocks
     store(k->hpow[i], p);
     p = mul(p, h);
   }
+  // The hash key's copies on this frame: wiped as the Key's owner wipes the Key.
+  OPENSSL_cleanse(&lo, sizeof lo);
+  OPENSSL_cleanse(&hi, sizeof hi);
+  OPENSSL_cleanse(&h, sizeof h);
+  OPENSSL_cleanse(&p, sizeof p);
 }
 
 COMM_VAES Stream::Stream(const Key& k, const uint8_t nonce[12], const uint8_t* aad, size_t aad_len)
@@ -287,19 +298,22 @@ COMM_VAES void Stream::crypt(const uint8_t* in, uint8_t* out, size_t n, bool enc
   store(x_, x);
 }
 
+// Leaves the stream as it was (the last partial block is padded in a copy), so a second tag(), or
+// more text and then tag(), gives the tag of the text so far instead of a wrong one.
 COMM_VAES void Stream::tag(uint8_t out[16]) {
   __m128i x = load(x_);
   const __m128i h1 = load(key_.hpow[kBlocks - 1]);
   if (pos_ > 0) {  // the last partial block, zero-padded (section 7.1 step 4)
-    std::memset(part_ + pos_, 0, 16 - pos_);
-    x = mul(_mm_xor_si128(x, bswap(load(part_))), h1);
-    pos_ = 0;
+    alignas(16) uint8_t last[16] = {};
+    std::memcpy(last, part_, pos_);
+    x = mul(_mm_xor_si128(x, bswap(load(last))), h1);
+    OPENSSL_cleanse(last, sizeof last);
   }
   // len(A) || len(C) in bits, each 64 bits big-endian; byte-reversed, len(C) is the low qword.
   const __m128i lens = _mm_set_epi64x(static_cast<long long>(aad_len_ * 8), static_cast<long long>(text_len_ * 8));
   x = mul(_mm_xor_si128(x, lens), h1);
   store(out, _mm_xor_si128(bswap(x), load(mask_)));  // section 7.1 step 6: T = MSB(GCTR(J0, S))
-  store(x_, x);
+  OPENSSL_cleanse(&x, sizeof x);
 }
 
 }  // namespace comm::tls::gcm

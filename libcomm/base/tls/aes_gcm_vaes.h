@@ -42,7 +42,7 @@ class Stream {
   // in may equal out.
   void encrypt(const uint8_t* in, uint8_t* out, size_t n) { crypt(in, out, n, true); }
   void decrypt(const uint8_t* in, uint8_t* out, size_t n) { crypt(in, out, n, false); }
-  void tag(uint8_t out[16]);
+  void tag(uint8_t out[16]);  // the tag of the text so far; the stream may go on after it
 
  private:
   void crypt(const uint8_t* in, uint8_t* out, size_t n, bool encrypt);
