@@ -57,6 +57,22 @@ void nonce_of(const uint8_t iv[12], uint64_t seq, uint8_t out[12]) {
 
 size_t be16(const uint8_t* p) { return static_cast<size_t>(p[0]) << 8 | p[1]; }
 
+// take(bytes, count) for each contiguous span of the `len` bytes of the iovecs from byte `skip` on:
+// the one walk sealing (either cipher) and the retry check's bookkeeping share.
+template <class Take>
+void for_each_span(const iovec* iov, int n, size_t skip, size_t len, Take take) {
+  for (int i = 0; i < n && len > 0; ++i) {
+    if (skip >= iov[i].iov_len) {
+      skip -= iov[i].iov_len;
+      continue;
+    }
+    const size_t k = std::min(len, iov[i].iov_len - skip);
+    take(static_cast<const uint8_t*>(iov[i].iov_base) + skip, k);
+    len -= k;
+    skip = 0;
+  }
+}
+
 // COMM_TLS_AES, read once per process: "auto" seals and opens with tls/aes_gcm_vaes.h where the
 // CPU runs it (about twice OpenSSL 3.0's AES-GCM speed without AVX-512: docs/benchmarks.md),
 // "openssl" always with OpenSSL's EVP (to compare, or to rule the VAES code out).
@@ -163,17 +179,10 @@ size_t Records::seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t 
     // iovec's end over to the next).
     gcm::Stream gcm(tx_.vaes, nonce, out, kHeader);
     uint8_t* at = out + kHeader;
-    for (int i = 0; i < n && len > 0; ++i) {
-      if (skip >= iov[i].iov_len) {
-        skip -= iov[i].iov_len;
-        continue;
-      }
-      const size_t take = std::min(len, iov[i].iov_len - skip);
-      gcm.encrypt(static_cast<const uint8_t*>(iov[i].iov_base) + skip, at, take);
-      at += take;
-      len -= take;
-      skip = 0;
-    }
+    for_each_span(iov, n, skip, len, [&](const uint8_t* p, size_t k) {
+      gcm.encrypt(p, at, k);
+      at += k;
+    });
     gcm.encrypt(&type, at, 1);
     gcm.tag(at + 1);
     return kHeader + inner + kTag;
@@ -182,18 +191,10 @@ size_t Records::seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t 
   bool ok = EVP_EncryptInit_ex(tx_.ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
             EVP_EncryptUpdate(tx_.ctx, nullptr, &outl, out, kHeader) == 1;
   uint8_t* at = out + kHeader;
-  for (int i = 0; i < n && len > 0; ++i) {
-    if (skip >= iov[i].iov_len) {
-      skip -= iov[i].iov_len;
-      continue;
-    }
-    const size_t take = std::min(len, iov[i].iov_len - skip);
-    ok = ok && EVP_EncryptUpdate(tx_.ctx, at, &outl, static_cast<const uint8_t*>(iov[i].iov_base) + skip,
-                                 static_cast<int>(take)) == 1;
-    at += take;
-    len -= take;
-    skip = 0;
-  }
+  for_each_span(iov, n, skip, len, [&](const uint8_t* p, size_t k) {
+    ok = ok && EVP_EncryptUpdate(tx_.ctx, at, &outl, p, static_cast<int>(k)) == 1;
+    at += k;
+  });
   ok = ok && EVP_EncryptUpdate(tx_.ctx, at, &outl, &type, 1) == 1;
   at += 1;
   ok = ok && EVP_EncryptFinal_ex(tx_.ctx, at, &outl) == 1 &&
@@ -266,19 +267,10 @@ ssize_t Records::writev(const iovec* iov, int n) {
 // owed_ bytes from byte `skip` of the iovecs were just sealed: remember their addresses.
 void Records::remember_owed(const iovec* iov, int n, size_t skip) {
   owed_from_.clear();  // keeps its capacity
-  size_t left = owed_;
-  for (int i = 0; i < n && left > 0; ++i) {
-    if (skip >= iov[i].iov_len) {
-      skip -= iov[i].iov_len;
-      continue;
-    }
-    const auto* p = static_cast<const uint8_t*>(iov[i].iov_base) + skip;
-    const size_t take = std::min(left, iov[i].iov_len - skip);
-    if (!owed_from_.empty() && owed_from_.back().base + owed_from_.back().len == p) owed_from_.back().len += take;
-    else owed_from_.push_back(Run{p, take});
-    left -= take;
-    skip = 0;
-  }
+  for_each_span(iov, n, skip, owed_, [&](const uint8_t* p, size_t k) {
+    if (!owed_from_.empty() && owed_from_.back().base + owed_from_.back().len == p) owed_from_.back().len += k;
+    else owed_from_.push_back(Run{p, k});
+  });
 }
 
 // Whether the first owed_ bytes of the iovecs (total >= owed_) lie where the records still going
