@@ -505,6 +505,8 @@ bool Session::pending() const { return records_ ? records_->pending() : SSL_has_
 
 bool Session::kernel_send() const { return pretend_kernel_send || BIO_get_ktls_send(SSL_get_wbio(ssl_)) == 1; }
 
+bool Session::peer_over_key_limit() const { return records_ && records_->peer_over_key_limit(); }
+
 bool Session::peer_closed_cleanly() const {
   return records_ ? records_->peer_closed_cleanly() : (SSL_get_shutdown(ssl_) & SSL_RECEIVED_SHUTDOWN) != 0;
 }

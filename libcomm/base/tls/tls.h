@@ -134,8 +134,10 @@ class Session {
   bool kernel_recv() const;
   // Tests: kernel_send() answers yes (a kernel that took the sends after the handshake).
   static bool pretend_kernel_send;
-  // The peer's close_notify came (libcomm's records): the stream ended where it meant to.
+  // The peer's close_notify came: the stream ended where it meant to (not cut).
   bool peer_closed_cleanly() const;
+  // libcomm's records: the peer sent more than AES-GCM's limit under one key (warned once).
+  bool peer_over_key_limit() const;
   // Whether libcomm seals and opens them (tls/records.h), after the handshake.
   bool own_records() const { return records_ != nullptr; }
   const std::string& why() const { return why_; }
