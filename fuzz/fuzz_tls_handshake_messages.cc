@@ -29,9 +29,9 @@ namespace {
 using comm::tls::HandshakeMessages;
 
 constexpr uint8_t kNewSessionTicket = 4, kKeyUpdate = 24;
-constexpr size_t kMaxFed = 512 * 1024;  // bytes per input, to keep an execution short
+constexpr size_t kMaxFed = 256 * 1024;  // bytes per input, to keep an execution short
 
-// The messages walked byte by byte, the way the RFC describes them: a 4-byte header (type, 24-bit
+// The messages walked one after the other, the way the RFC describes them: a 4-byte header (type, 24-bit
 // length), then the body.
 class Model {
  public:
@@ -46,21 +46,24 @@ class Model {
   Verdict take(const uint8_t* p, size_t n) {
     Verdict v;
     if (n == 0) return Verdict{false};  // section 5.1: no zero-length handshake fragment
-    for (size_t i = 0; i < n; ++i) {
-      msg_.push_back(p[i]);
-      if (msg_.size() < 4) continue;
-      const uint8_t type = msg_[0];
-      const size_t len = size_t{msg_[1]} << 16 | size_t{msg_[2]} << 8 | msg_[3];
-      if (msg_.size() == 4) {  // the header: a message that will be refused is refused here
-        const bool known = type == kKeyUpdate || (type == kNewSessionTicket && client_);
-        if (!known || len > HandshakeMessages::kMaxMessage || (type == kKeyUpdate && len != 1))
+    for (size_t i = 0; i < n;) {
+      if (msg_.size() < 4) {
+        msg_.push_back(p[i++]);
+        if (msg_.size() < 4) continue;
+        // The header: a message that will be refused is refused here.
+        const bool known = type() == kKeyUpdate || (type() == kNewSessionTicket && client_);
+        if (!known || len() > HandshakeMessages::kMaxMessage || (type() == kKeyUpdate && len() != 1))
           return Verdict{false};
+      } else {  // the body, as much of it as this record holds
+        const size_t k = std::min(4 + len() - msg_.size(), n - i);
+        msg_.insert(msg_.end(), p + i, p + i + k);
+        i += k;
       }
-      if (msg_.size() < 4 + len) continue;
-      if (type == kKeyUpdate) {
+      if (msg_.size() < 4 + len()) continue;
+      if (type() == kKeyUpdate) {
         // Section 4.6.3: update_not_requested (0) or update_requested (1); the key changes at the
         // record's end, so nothing may follow in the record (section 5.1).
-        if (msg_[4] > 1 || i + 1 != n) return Verdict{false};
+        if (msg_[4] > 1 || i != n) return Verdict{false};
         v.key_update = true;
         v.update_requested = msg_[4] == 1;
       }
@@ -71,6 +74,9 @@ class Model {
   size_t held() const { return msg_.size(); }
 
  private:
+  uint8_t type() const { return msg_[0]; }
+  size_t len() const { return size_t{msg_[1]} << 16 | size_t{msg_[2]} << 8 | msg_[3]; }
+
   bool client_;
   std::vector<uint8_t> msg_;  // the message not yet whole
 };
