@@ -14,7 +14,7 @@ install_missing clang-14 libclang-rt-14-dev
 dir=${FUZZ_BUILD_DIR:-build-fuzz}
 seconds=${FUZZ_SECONDS:-60}
 targets=("$@")
-((${#targets[@]} > 0)) || targets=(store-wire store-server socket-wire tuning-profile topo-xml)
+((${#targets[@]} > 0)) || targets=(store-wire store-server socket-wire tuning-profile topo-xml tls-records tls-handshake-messages)
 corpus_of() { echo "${1//-/_}"; }
 
 if [[ ! -f "$dir/meson-private/coredata.dat" ]]; then
