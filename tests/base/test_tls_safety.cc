@@ -82,6 +82,19 @@ int read_to_end(tls::Session& s) {
   return ETIMEDOUT;
 }
 
+// `text` client to server one 6-byte frame per write (a record each, as a ring's stripes of small
+// messages send them); what the server read.
+std::string one_way_frames(SessionPair& p, const std::string& text) {
+  std::string got;
+  for (size_t at = 0; at < text.size(); at += 6) {
+    const ReadOutcome one = send_and_read(*p.client, *p.server, text.substr(at, 6));
+    got += one.got;
+    INFO(one.why);
+    REQUIRE(one.err == 0);
+  }
+  return got;
+}
+
 struct PretendKernelSend {
   PretendKernelSend() { tls::Session::pretend_kernel_send = true; }
   ~PretendKernelSend() { tls::Session::pretend_kernel_send = false; }
@@ -124,28 +137,13 @@ TEST_CASE("small frames past the per-key limit on a one-way connection: the rece
     make_session_pair(&p, context(sender_config), context(psk_config(kSecret)));
     REQUIRE(p.server->own_records());
     REQUIRE_FALSE(p.client->own_records());
-    // One frame per write: a record each, as a ring's stripes of small messages send them.
-    ReadOutcome o;
-    for (size_t at = 0; at < text.size(); at += 6) {
-      const ReadOutcome one = send_and_read(*p.client, *p.server, text.substr(at, 6));
-      o.got += one.got;
-      INFO(one.why);
-      REQUIRE(one.err == 0);
-    }
-    CHECK(o.got == text);
+    CHECK(one_way_frames(p, text) == text);
     CHECK_FALSE(p.server->peer_over_key_limit());  // the sender moved its key in time
   }
   SECTION("a sender that never updates (kernel TLS that cannot rekey): warned about, not failed") {
     RecordsPerKey never(uint64_t{1} << 40);
     make_session_pair(&p, context(sender_config), context(psk_config(kSecret)));
-    ReadOutcome o;
-    for (size_t at = 0; at < text.size(); at += 6) {
-      const ReadOutcome one = send_and_read(*p.client, *p.server, text.substr(at, 6));
-      o.got += one.got;
-      INFO(one.why);
-      REQUIRE(one.err == 0);
-    }
-    CHECK(o.got == text);
+    CHECK(one_way_frames(p, text) == text);
     CHECK(p.server->peer_over_key_limit());
   }
 }
@@ -264,4 +262,21 @@ TEST_CASE("a TLS session is refused in a forked child, which sends nothing on it
   const ReadOutcome o = send_and_read(*p.client, *p.server, "parent");
   INFO(o.why);
   CHECK(o.got == "parent");
+}
+
+// A caller may close a session's descriptor before the session (the store sheds a connection by
+// its fd); the number may then belong to a new connection, whose peer must not read our
+// close_notify as its first bytes (it read it as a malformed reply to its hello).
+TEST_CASE("a TLS session whose descriptor now names another socket sends it nothing when it ends", "[tls-own]") {
+  auto ctx = context(psk_config(kSecret));
+  SessionPair p;
+  make_session_pair(&p, ctx, ctx);
+  posix::Fd x, y;
+  tcp_pair(&x, &y);
+  REQUIRE(::dup2(x.get(), p.a.get()) == p.a.get());  // the session's number, now x's socket
+  p.client.reset();
+  char buf[64];
+  errno = 0;
+  CHECK(::recv(y.get(), buf, sizeof buf, MSG_DONTWAIT) == -1);
+  CHECK(errno == EAGAIN);
 }

@@ -343,10 +343,13 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
   // the application-data type has no padding (section 5.4) and its content fills exactly the count
   // returned. The last byte is decrypted alone first to know (unauthenticated: it only chooses
   // where to open); padding, a handshake message or an alert go to plain_, never past the count.
+  // Only a record that fails to authenticate touches the caller's bytes past the count: what it
+  // decrypted there is wiped to zeros.
   uint8_t peek = 0;
   if (!rx_.cipher->peek_byte(nonce, inner - 1, rec[kHeader + inner - 1], &peek))
     return fail("read: the cipher failed", kInternalError);
-  const bool direct = peek == kAppData && room >= inner - 1;
+  // Application data inside a fragmented handshake message is refused once opened: not there either.
+  const bool direct = peek == kAppData && room >= inner - 1 && !handshake_.mid_message();
   uint8_t* out = dst;
   if (!direct) {
     if (plain_.size() < inner) plain_.resize(inner);

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -257,6 +258,11 @@ Status Session::create(std::shared_ptr<Context> ctx, int fd, Role role, std::uni
   s->ctx_ = std::move(ctx);
   s->role_ = role;
   s->fork_generation_ = posix::fork_generation();
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    s->socket_dev_ = st.st_dev;
+    s->socket_ino_ = st.st_ino;
+  }
   SSL_set_app_data(s->ssl_, s.get());  // for keylog()
   if (role == Role::kClient) SSL_set_connect_state(s->ssl_);
   else SSL_set_accept_state(s->ssl_);
@@ -266,8 +272,11 @@ Status Session::create(std::shared_ptr<Context> ctx, int fd, Role role, std::uni
 
 Session::~Session() {
   // A graceful end says so (section 6.1): the peer then tells it from a cut stream. Never blocks,
-  // never after a failure, never in a forked child (the parent still owns the connection).
-  if (!forked()) {
+  // never after a failure, never in a forked child (the parent still owns the connection), and
+  // only on the socket the session was made on: a caller that closed the descriptor first (the
+  // store sheds a connection by its fd) may have had the number reused by a new connection,
+  // whose peer would read our alert as its first bytes.
+  if (!forked() && still_our_socket()) {
     if (records_) {
       records_->close_notify();
     } else if (ssl_ != nullptr && SSL_is_init_finished(ssl_) == 1 && !failed_ && !write_held_) {
@@ -358,6 +367,12 @@ ssize_t Session::fail(int ret, const char* what) {
 }
 
 bool Session::forked() const { return fork_generation_ != posix::fork_generation(); }
+
+bool Session::still_our_socket() const {
+  struct stat st {};
+  return ssl_ != nullptr && socket_ino_ != 0 && ::fstat(SSL_get_fd(ssl_), &st) == 0 && st.st_dev == socket_dev_ &&
+         st.st_ino == socket_ino_;
+}
 
 // A session used in a process forked after it was made: refused before a byte is sealed.
 static ssize_t refuse_forked(std::string* why) {

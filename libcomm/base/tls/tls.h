@@ -158,6 +158,9 @@ class Session {
   std::string why_;
   std::string client_secret_, server_secret_;
   bool forked() const;
+  bool still_our_socket() const;  // the descriptor is still the socket the session was made on
+  dev_t socket_dev_ = 0;
+  ino_t socket_ino_ = 0;
   // OpenSSL's records: records sent since the last key update (write() updates after
   // Records::records_per_key of them, as records.cc does: a receiver counts records, not bytes).
   uint64_t records_under_key_ = 0;
