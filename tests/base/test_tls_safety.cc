@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <new>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -279,4 +280,14 @@ TEST_CASE("a TLS session whose descriptor now names another socket sends it noth
   errno = 0;
   CHECK(::recv(y.get(), buf, sizeof buf, MSG_DONTWAIT) == -1);
   CHECK(errno == EAGAIN);
+}
+
+// The PSK leaves no copy behind when its Config goes (a short key, so that it lives inside the
+// object's own bytes, which stay readable here after the destructor ran).
+TEST_CASE("a TLS Config wipes its pre-shared key when it goes", "[tls]") {
+  alignas(tls::Config) unsigned char storage[sizeof(tls::Config)];
+  auto* config = new (storage) tls::Config();
+  config->psk.assign(12, 'K');  // within std::string's own buffer
+  config->~Config();
+  CHECK(std::count(storage, storage + sizeof storage, static_cast<unsigned char>('K')) == 0);
 }
