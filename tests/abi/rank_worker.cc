@@ -6,7 +6,8 @@
 //   FAIL <text>               a wrong result                      DONE <failures>
 //   READY / ITER <i> / END <status> <monotonic ms> <call ms> / DESTROY <status> <ms>
 //   SHRINK <status> <ms> <new rank> <new size> / OLD <status> / LEFT   (mode shrink)
-// Modes: init | collectives | kill | garbage | shm | stall | idle | shrink | any_source | any_source_timeout.
+// Modes: init | collectives | kill | garbage | shm | stall | idle | shrink | any_source | any_source_timeout |
+// failure_order.
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -702,6 +703,47 @@ int mode_any_source_timeout() {
   return 0;
 }
 
+// The race of issue 35: a barrier, then a disagreement at the next call (rank 0 broadcasts, the
+// others all-reduce), ABI_TRIALS times, each on a fresh comm_dup of the world (the disagreement
+// breaks it). Per trial: "TRIAL <i> <barrier status> <second call's> <third call's>" and the
+// messages of the failures (TMSG <i> <which> <text>). Every rank entered the barrier and every
+// peer sent its part of it, so it must complete everywhere, whatever the others' reports of the
+// later call overtake (docs/design.md, "Which calls a failure fails").
+int mode_failure_order() {
+  int rank = -1, n = -1;
+  comm_t world = init_or_report(&rank, &n);
+  if (!world) return 2;
+  const char* t = std::getenv("ABI_TRIALS");
+  const int trials = t != nullptr ? std::atoi(t) : 16;
+  std::vector<float> a(1024, 1.0f), b(1024, 0.0f);
+  int failures = 0;
+  for (int i = 0; i < trials; ++i) {
+    comm_t c = nullptr;
+    if (comm_dup(world, &c) != COMM_OK) {
+      say("FAIL rank " + std::to_string(rank) + " comm_dup: " + one_line(comm_last_error(world)));
+      ++failures;
+      break;
+    }
+    comm_status_t st[3];
+    std::string msg[3];
+    st[0] = comm_barrier(c, nullptr);
+    msg[0] = st[0] == COMM_OK ? "" : one_line(comm_last_error(c));
+    st[1] = rank == 0 ? comm_broadcast(c, a.data(), b.data(), a.size(), COMM_FLOAT32, 0, nullptr)
+                      : comm_allreduce(c, a.data(), b.data(), a.size(), COMM_FLOAT32, COMM_SUM, nullptr);
+    msg[1] = st[1] == COMM_OK ? "" : one_line(comm_last_error(c));
+    st[2] = comm_barrier(c, nullptr);
+    msg[2] = st[2] == COMM_OK ? "" : one_line(comm_last_error(c));
+    say("TRIAL " + std::to_string(i) + " " + std::to_string(st[0]) + " " + std::to_string(st[1]) + " " +
+        std::to_string(st[2]));
+    for (int k = 0; k < 3; ++k)
+      if (st[k] != COMM_OK) say("TMSG " + std::to_string(i) + " " + std::to_string(k) + " " + msg[k]);
+    comm_destroy(c);
+  }
+  comm_destroy(world);
+  say("DONE " + std::to_string(failures));
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -716,6 +758,8 @@ int main(int argc, char** argv) {
   if (mode == "shrink") return mode_shrink();
   if (mode == "any_source") return mode_any_source();
   if (mode == "any_source_timeout") return mode_any_source_timeout();
-  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm|stall|idle|shrink|any_source|any_source_timeout (with torchrun's environment)\n");
+  if (mode == "failure_order") return mode_failure_order();
+  std::fprintf(stderr, "usage: rank_worker init|collectives|kill|garbage|shm|stall|idle|shrink|any_source|any_source_timeout|"
+               "failure_order (with torchrun's environment)\n");
   return 64;
 }

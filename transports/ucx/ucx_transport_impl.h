@@ -129,7 +129,7 @@ class UcxTransport final : public Transport {
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
   Status test(RequestId id, bool* done) override;
   void wake() override;
-  void notify_peers(const Status& failure) override;
+  void notify_peers(const Status& failure, uint64_t order) override;
   void abort() override;  // any thread: a flag, and the eventfd wakes a blocked wait
   Status check_idle() override;  // progress without blocking: failed peers, reports (progress.cc)
 
