@@ -258,6 +258,11 @@ class Transport {
     return posted_order_ + 1 > kept_.order ? posted_order_ + 1 : kept_.order;
   }
 
+  // The peers this transport has seen gone for good (their process exited, or closed a connection
+  // without comm_destroy's goodbye), also after it failed; never blocks, appends ascending.
+  // comm_agree_failed publishes them as this rank's suspicions (libcomm/src/agree.cc).
+  virtual void lost_peers(std::vector<int>* out) { (void)out; }
+
   // Whether a peer's report of a failure in the operation of order `report` fails a wait on an
   // operation of order `op`: the reporter sent all its data of earlier operations before its
   // report, so only that operation and later ones fail. Either unknown (0): it does.

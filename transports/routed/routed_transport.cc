@@ -91,6 +91,11 @@ class RoutedTransport final : public Transport {
     far_->notify_peers(failure, order);
     (void)fail(failure);
   }
+  void lost_peers(std::vector<int>* out) override {
+    near_->lost_peers(out);
+    far_->lost_peers(out);
+    std::sort(out->begin(), out->end());
+  }
   uint64_t idle_failure_order() override {
     return std::max(near_->idle_failure_order(), far_->idle_failure_order());
   }

@@ -199,6 +199,14 @@ void ShmTransport::notify_peers(const Status& failure, uint64_t order) {
   (void)fail(reason);
 }
 
+// A local peer whose process exited (its pidfd) without comm_destroy.
+void ShmTransport::lost_peers(std::vector<int>* out) {
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (static_cast<int>(i) == me_ || peers_[i].header->left.load(std::memory_order_acquire) != 0) continue;
+    if (!check_alive(static_cast<int>(i), "").ok()) out->push_back(peers_[i].rank);
+  }
+}
+
 // ---- waits on requests -------------------------------------------------------------------
 
 Status ShmTransport::wait(const RequestId* ids, size_t n) {

@@ -98,6 +98,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   Status wait_some(const RequestId* ids, size_t n) override;
   void wake() override;
   void notify_peers(const Status& failure, uint64_t order) override;
+  void lost_peers(std::vector<int>* out) override;
   Status check_idle() override;
   void beat() override;
   void abort() override;

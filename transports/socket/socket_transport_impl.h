@@ -51,6 +51,7 @@ class SocketTransport final : public Transport {
   void wake() override;
   void notify_peers(const Status& failure, uint64_t order) override;
   Status check_idle() override;
+  void lost_peers(std::vector<int>* out) override;  // heartbeat.cc
   uint64_t idle_failure_order() override {
     Entry entry(*this);
     return Transport::idle_failure_order();
