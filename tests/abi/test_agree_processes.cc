@@ -2,9 +2,9 @@
 // one set of failed ranks without being told, shrink to the rest and go on with right answers
 // (rank_worker.cc, mode agree). SIGKILL one rank; two at once; SIGSTOP one (it times out for
 // some ranks before others, and when it wakes it is told it was excluded); a rank killed during
-// the agreement; and a side without a majority that must stop. World rank 0, whose process
-// serves the job store the agreement meets in, is never a victim here (docs/design.md, "Agreeing
-// on the failed ranks"). Over shared memory (abi-agree) and sockets (abi-agree-socket). Nothing
+// the agreement; a side without a majority that must stop; and world rank 0 killed, whose process
+// serves the job store the agreement meets in (a clear error: docs/design.md, "Agreeing
+// on the failed ranks"). Over shared memory (abi-agree), sockets (-socket) and TLS (-tls). Nothing
 // here asserts a time: the outcomes must hold whatever order the scheduler gives the events.
 #include <signal.h>
 #include <unistd.h>
@@ -178,5 +178,24 @@ TEST_CASE("agree: two of four ranks SIGKILLed leave no majority: both survivors 
     CHECK(line_after(out, "AGREE ").value_or("missing").rfind(std::to_string(COMM_ERR_REMOTE) + " ", 0) == 0);
     CHECK_THAT(line_after(out, "MSG ").value_or(""), Catch::Contains("not a majority"));
     CHECK(!line_after(out, "FINAL ").has_value());
+  }
+}
+
+TEST_CASE("agree: world rank 0 SIGKILLed takes the job store with it: every survivor is told the agreement "
+          "cannot meet, and why", "[agree]") {
+  TempDir dir;
+  std::vector<Proc> procs = start(dir, 4, free_port());
+  REQUIRE(wait_for(procs, {0}, "ITER 10 ", 120000));
+  kill(procs[0].pid, SIGKILL);
+  const bool ended = wait_all(procs, now_ms() + 120000);
+  INFO(describe_all(procs));
+  REQUIRE(ended);
+  for (int r : {1, 2, 3}) {
+    const std::string out = procs[static_cast<size_t>(r)].output();
+    INFO("survivor rank " << r);
+    CHECK(procs[static_cast<size_t>(r)].exited_zero());
+    CHECK(line_after(out, "AGREE ").value_or("missing").rfind(std::to_string(COMM_ERR_UNAVAILABLE) + " ", 0) == 0);
+    CHECK_THAT(line_after(out, "MSG ").value_or(""), Catch::Contains("job store does not answer") &&
+                                                      Catch::Contains("file://"));
   }
 }
