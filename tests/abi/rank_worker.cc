@@ -752,6 +752,7 @@ int mode_failure_order() {
 // step the others failed); a failed shrink (a rank died during the agreement) agrees again.
 //   ITER <step> (world-rank members)   AGREEING   AGREE <status> <failed, as world ranks>
 //   SHRINK <status> <new rank> <new size>   FINAL <members, as world ranks>   DONE <failures>
+//   TIME failed|agreed|shrunk <CLOCK_MONOTONIC ms>   after STEPFAIL, AGREE and SHRINK (bench/agree_timing.py)
 // A rank the others excluded prints AGREE with its error (and MSG) and ends, DONE 0.
 int mode_agree() {
   int rank = -1, n = -1;
@@ -787,6 +788,7 @@ int mode_agree() {
       continue;
     }
     say("STEPFAIL " + std::to_string(step) + " " + std::to_string(st) + " " + one_line(comm_last_error(c)));
+    say("TIME failed " + std::to_string(mono_ms()));
     for (int attempt = 0;; ++attempt) {
       say("AGREEING");
       int failed[64];
@@ -798,6 +800,7 @@ int mode_agree() {
         list += std::to_string(members[static_cast<size_t>(failed[i])]);
       }
       say("AGREE " + std::to_string(st) + " [" + list + "]");
+      say("TIME agreed " + std::to_string(mono_ms()));
       if (st != COMM_OK) {
         say("MSG " + one_line(comm_last_error(c)));
         comm_destroy(c);
@@ -812,6 +815,7 @@ int mode_agree() {
         comm_size(shrunk, &new_size);
       }
       say("SHRINK " + std::to_string(st) + " " + std::to_string(new_rank) + " " + std::to_string(new_size));
+      say("TIME shrunk " + std::to_string(mono_ms()));
       if (st != COMM_OK) {
         say("MSG " + one_line(comm_last_error(c)));
         if (attempt < 3) continue;  // a rank died during the agreement: agree again, without it
