@@ -27,10 +27,11 @@ using namespace abi;
 constexpr int kTimeoutMs = 3000;
 constexpr int kSteps = 150;
 
-std::vector<Proc> start(const TempDir& dir, int n, int port) {
+std::vector<Proc> start(const TempDir& dir, int n, int port, const Env& extra = {}) {
   return launch(dir, "agree", n, [&](int r) {
-    return torchrun_env(r, n, port, kTimeoutMs,
-                        {{"ABI_STEPS", std::to_string(kSteps)}, {"COMM_DEBUG", "INFO"}});
+    Env env = {{"ABI_STEPS", std::to_string(kSteps)}, {"COMM_DEBUG", "INFO"}};
+    env.insert(env.end(), extra.begin(), extra.end());
+    return torchrun_env(r, n, port, kTimeoutMs, env);
   });
 }
 
@@ -139,7 +140,8 @@ TEST_CASE("agree: a SIGSTOPped rank is agreed failed; woken, it is told it was e
 
 TEST_CASE("agree: a rank killed during the agreement (its decider when it can be) is agreed failed too", "[agree]") {
   TempDir dir;
-  std::vector<Proc> procs = start(dir, 5, free_port());
+  // World rank 0 comes to the agreement 300 ms late, so that another rank most likely decides it.
+  std::vector<Proc> procs = start(dir, 5, free_port(), {{"ABI_AGREE_LATE_MS", "300"}});
   REQUIRE(wait_for(procs, {4}, "ITER 10 ", 120000));
   kill(procs[4].pid, SIGKILL);
   // The second victim: the rank that decides the agreement's first round, unless that is rank 0
