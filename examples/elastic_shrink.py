@@ -5,14 +5,16 @@ train_transformer.py's model, trained with libcomm's DDP wrapper on --nprocs ran
 script starts itself (each with torchrun's variables; a launcher such as torchrun would end
 the whole group when one rank dies, which is what examples/elastic_train.py relies on). With
 --kill-rank R --kill-step S, rank R SIGKILLs itself at the start of step S. The others fail in
-that step's gradient all-reduce, agree to exclude R (here they know it from the flags; a real
-job learns it from its launcher or its health checks), call Communicator.shrink([R]) and
-redo step S on the smaller communicator: no restart, no checkpoint, the replicas stay equal.
+that step's gradient all-reduce, agree on which rank failed without being told (the flags only
+choose the victim; Communicator.agree_failed() asks the library, comm_agree_failed), shrink
+without it and redo step S on the smaller communicator: no restart, no checkpoint, the replicas
+stay equal.
 
     python3 examples/elastic_shrink.py --nprocs 4 --kill-rank 3 --kill-step 4
 
 Each rank prints `[rank] step N loss L params P`: its rank in the communicator of that step,
-its own batch's loss, and a checksum of its parameters (equal on every rank: the replicas agree).
+its own batch's loss, and a checksum of its parameters (equal on every rank: the replicas agree),
+and after the failure `# rank R: the survivors agreed that ranks [..] failed`.
 """
 
 import argparse
@@ -94,7 +96,9 @@ def rank_main(args):
             except Exception:
                 pass
             old = comm
-            comm = old.shrink([args.kill_rank])  # every survivor passes the same list
+            failed = old.agree_failed()  # the same list on every survivor, learned, not told
+            say(f"# rank {old.rank}: the survivors agreed that ranks {failed} failed")
+            comm = old.shrink(failed)
             old.destroy()
             say(f"# rank {comm.rank}: shrank to {comm.size} ranks")
             ddp = DistributedDataParallel(model, comm)  # the replicas are equal: nothing to repair

@@ -50,6 +50,11 @@ struct OpTag {
   uint8_t op = 0;
   int32_t root = -1;
   uint64_t count = 0;
+  // Where the call stands in this rank's order of calls, for failure reports (never on the wire
+  // with the data, never compared): the core's stamp() gives collective #s the order 2s and a
+  // send/recv issued after collective #s-1 the order 2s-1; 0: unknown (a report naming it, or a
+  // wait on it, fails at once, as before reports named their operation).
+  uint64_t order = 0;
 };
 bool operator==(const OpTag& a, const OpTag& b);
 // "allreduce #17 (count 100, float32, sum)"
@@ -189,6 +194,7 @@ class Transport {
     if (buf == nullptr && bytes > 0)
       return InvalidArgument(std::string(name()) + " transport: null buffer for " + std::to_string(bytes) +
                              " bytes");
+    if (tag.order > posted_order_) posted_order_ = tag.order;
     return post_any(tag, next_seq, buf, bytes, source, id);
   }
 
@@ -230,7 +236,11 @@ class Transport {
 
   // Best effort, non-blocking: tell every peer this rank failed, so ranks waiting on
   // someone else still end promptly with the reason (INVALID_USAGE stays INVALID_USAGE).
-  virtual void notify_peers(const Status& failure) = 0;
+  // `order` (OpTag::order) names the operation that failed here: a peer still in an earlier
+  // operation finishes it with the data this rank sent before the report, and fails from that
+  // operation on (concerns() below; docs/design.md, "Which calls a failure fails"). 0: unknown,
+  // every peer's wait fails at once.
+  virtual void notify_peers(const Status& failure, uint64_t order) = 0;
 
   // Any thread: every pending and future wait ends with COMM_ERR_ABORTED.
   virtual void abort() = 0;
@@ -241,6 +251,22 @@ class Transport {
   // connections without saying goodbye (comm_destroy does), its process exited, or it sent
   // nothing for timeout_ms. The transport then stays failed. Default: nothing to watch.
   virtual Status check_idle() { return Status::Ok(); }
+  // The order a failure check_idle() found concerns, for notify_peers: a kept peer's report's
+  // (concerns() below), else the first operation not posted yet. The routed transport asks its
+  // parts; the socket transport takes its lock (its progress thread may read a report meanwhile).
+  virtual uint64_t idle_failure_order() {
+    return posted_order_ + 1 > kept_.order ? posted_order_ + 1 : kept_.order;
+  }
+
+  // The peers this transport has seen gone for good (their process exited, or closed a connection
+  // without comm_destroy's goodbye), also after it failed; never blocks, appends ascending.
+  // comm_agree_failed publishes them as this rank's suspicions (libcomm/src/agree.cc).
+  virtual void lost_peers(std::vector<int>* out) { (void)out; }
+
+  // Whether a peer's report of a failure in the operation of order `report` fails a wait on an
+  // operation of order `op`: the reporter sent all its data of earlier operations before its
+  // report, so only that operation and later ones fail. Either unknown (0): it does.
+  static bool concerns(uint64_t report, uint64_t op) { return report == 0 || op == 0 || op >= report; }
   // Any thread, never blocks: the watcher calls it every COMM_HEARTBEAT_MS, also while a call
   // drives the transport, so that peers which idle see this process alive however long it
   // computes or waits. Shared memory bumps a counter in its control segment; sockets beat
@@ -310,12 +336,30 @@ class Transport {
   }
   // A peer's report (an ERROR frame, a failure in its header) said its wait timed out.
   void peer_timed_out() { peer_reported_timeout_.store(true, std::memory_order_release); }
+
+  // A peer's failure report is kept here until a wait on an operation it concerns (concerns())
+  // takes it; the earliest operation's report wins. Under the transport's own lock where it has one.
+  void keep_report(Status report, uint64_t order, bool timed_out) {
+    if (report.ok()) return;
+    if (!kept_.status.ok() && (kept_.order == 0 || (order != 0 && order >= kept_.order))) return;
+    kept_ = {std::move(report), order, timed_out};
+  }
+  bool has_report() const { return !kept_.status.ok(); }
+  // The kept report when it concerns an operation of order `op` (any, when `op` is kAnyOrder),
+  // else OK. Taking it marks a hang for the core's trace when the peer timed out.
+  static constexpr uint64_t kAnyOrder = ~uint64_t{0};
+  Status report_for(uint64_t op) {
+    if (kept_.status.ok() || (op != kAnyOrder && !concerns(kept_.order, op))) return Status::Ok();
+    if (kept_.timed_out) peer_timed_out();
+    return kept_.status;
+  }
   Options options_;
 
  private:
   // The arguments' checks every transport made for itself before (the transport's own state is
   // post_request's first check).
   Status checked_post(const Post& call, RequestId* id) {
+    if (call.tag.order > posted_order_) posted_order_ = call.tag.order;
     if (id == nullptr) return InvalidArgument(std::string(name()) + " transport: null request id pointer");
     if (!reaches(call.peer))
       return InvalidArgument(std::string(name()) + " transport: peer " + std::to_string(call.peer) + " is not " +
@@ -327,6 +371,13 @@ class Transport {
     return post_request(call, id);
   }
 
+  struct KeptReport {
+    Status status;
+    uint64_t order = 0;
+    bool timed_out = false;
+  };
+  KeptReport kept_;
+  uint64_t posted_order_ = 0;  // the latest operation posted here (checked_post)
   WaitFailure wait_failure_;
   bool wait_failure_sealed_ = false;
   // Atomic: the socket transport's progress thread may set it while the routed transport reads

@@ -140,13 +140,34 @@ COMM_API comm_status_t comm_shrink(comm_t c, const int* exclude_ranks, int n_exc
   return comm::guarded("comm_shrink", [&]() -> Status {
     if (c == nullptr || out == nullptr) return comm::InvalidArgument("comm_shrink: NULL communicator or output pointer");
     *out = nullptr;
+    if (n_exclude == COMM_SHRINK_AGREE && exclude_ranks == nullptr) {
+      std::vector<int> failed;
+      COMM_RETURN_IF_ERROR(comm::agree_failed(c, &failed));
+      return comm::shrink_communicator(c, failed, out);
+    }
     if (n_exclude < 0 || n_exclude >= c->size)
       return comm::InvalidArgument("comm_shrink: n_exclude " + std::to_string(n_exclude) + " must be in 0.." +
-                                   std::to_string(c->size - 1) + " (at least this rank survives)");
+                                   std::to_string(c->size - 1) + " (at least this rank survives), or COMM_SHRINK_AGREE "
+                                   "with exclude_ranks NULL (the library finds the failed ranks)");
     if (n_exclude > 0 && exclude_ranks == nullptr)
       return comm::InvalidArgument("comm_shrink: exclude_ranks is NULL but n_exclude is " + std::to_string(n_exclude));
     std::vector<int> excluded(exclude_ranks, exclude_ranks + n_exclude);
     return comm::shrink_communicator(c, excluded, out);
+  });
+}
+
+COMM_API comm_status_t comm_agree_failed(comm_t c, int* failed, int capacity, int* n_failed) {
+  return comm::guarded("comm_agree_failed", [&]() -> Status {
+    if (c == nullptr || n_failed == nullptr)
+      return comm::InvalidArgument("comm_agree_failed: NULL communicator or n_failed pointer");
+    if (capacity < 0 || (capacity > 0 && failed == nullptr))
+      return comm::InvalidArgument("comm_agree_failed: capacity " + std::to_string(capacity) +
+                                   " needs a failed array of that many ints (NULL only with 0)");
+    std::vector<int> agreed;
+    COMM_RETURN_IF_ERROR(comm::agree_failed(c, &agreed));
+    *n_failed = static_cast<int>(agreed.size());
+    for (int i = 0; i < capacity && i < *n_failed; ++i) failed[i] = agreed[static_cast<size_t>(i)];
+    return Status::Ok();
   });
 }
 

@@ -167,6 +167,10 @@ Status trace_hang(comm_t c, const Status& failure) {
 
   std::vector<int> stalled, waiting;
   for (const auto& [r, n] : nodes) (n.reported ? waiting : stalled).push_back(r);
+  {
+    std::lock_guard<std::mutex> lock(c->state_mu);  // comm_agree_failed's suspicions (agree.cc)
+    c->stalled = stalled;
+  }
   // The chain: each stalled rank's path back to us, as "a waited on b" from our end.
   std::vector<std::pair<int, int>> edges;
   for (int s : stalled) {

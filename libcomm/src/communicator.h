@@ -86,6 +86,7 @@ struct comm_s {
   // Issue-order state, touched only by the thread that uses the communicator.
   uint64_t next_seq = 1;
   uint64_t children = 0;
+  uint64_t agreements = 0;  // comm_agree_failed calls: every survivor makes as many (agree.cc)
   std::vector<uint64_t> send_seq, recv_seq;  // per peer, for send/recv matching
   comm::FlightRecorder recorder;  // the last operations, written by the issuing thread
   std::vector<char> strict_signatures;  // COMM_CHECK_COLLECTIVES: every rank's, sized at first use (strict.cc)
@@ -103,6 +104,9 @@ struct comm_s {
     return true;
   }
   comm::Status async_error;  // first failure of a background (non-blocking) operation
+  // The ranks the hang trace found stalled (blame.cc), under state_mu: comm_agree_failed
+  // publishes them as this rank's suspicions, with the peers its transport saw gone.
+  std::vector<int> stalled;
 
   // The worker: runs non-blocking calls in issue order. Started on first use.
   std::mutex queue_mu;
@@ -154,6 +158,8 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
                     std::shared_ptr<Store> store = nullptr, const std::string& secret = "");
 // comm_shrink: the survivors of `comm` (every rank not in `excluded`) make *out without touching
 // comm's transport (shrink.cc).
+// comm_agree_failed: the ranks of `comm` still alive agree on the failed ones (agree.cc).
+Status agree_failed(comm_t comm, std::vector<int>* failed);
 Status shrink_communicator(comm_t comm, const std::vector<int>& excluded, comm_t* out);
 // 32 random bytes as hex: a job's (or a shrunk communicator's) secret.
 Status random_secret(std::string* out);

@@ -31,7 +31,7 @@ class LoneTransport final : public transport::Transport {
     *done = true;
     return Status::Ok();
   }
-  void notify_peers(const Status&) override {}
+  void notify_peers(const Status&, uint64_t) override {}
   void abort() override {}
 };
 

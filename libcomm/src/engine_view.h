@@ -21,6 +21,8 @@ const tuning::Applied* tuning_of(comm_t comm);
 // its peers are told once, the failure is logged. The one way to break a communicator, for the
 // core's calls, the device path and the engine alike. INVALID_ARGUMENT (found before anything
 // moved) breaks nothing; after comm_abort the failure reads as ABORTED. Returns the failure.
-Status fail_communicator(comm_t comm, Status st);
+// `order`: the failed call's OpTag::order, so that peers still in earlier calls finish them
+// (transport.h, notify_peers); 0 when no call is known (every peer's wait fails at once).
+Status fail_communicator(comm_t comm, Status st, uint64_t order = 0);
 
 }  // namespace comm

@@ -37,6 +37,7 @@ void stamp(comm_t c, algo::CollArgs* args) {
   if (args->kind == transport::CollKind::kSendRecv) {
     if (args->sendbuf != nullptr) tag.seq = c->send_seq[static_cast<size_t>(args->peer)]++;
     tag.op = 0;
+    tag.order = 2 * c->next_seq - 1;  // after collective #next_seq-1, before #next_seq (transport.h)
     return;
   }
   if (args->kind == transport::CollKind::kBroadcast || args->kind == transport::CollKind::kReduce)
@@ -45,6 +46,7 @@ void stamp(comm_t c, algo::CollArgs* args) {
       args->kind == transport::CollKind::kAlltoall || args->kind == transport::CollKind::kBarrier)
     tag.op = 0;  // no reduction: the op is not part of what ranks must agree on
   tag.seq = c->next_seq++;
+  tag.order = 2 * tag.seq;
 }
 
 void stamp_receive(comm_t c, algo::CollArgs* args) {
@@ -53,7 +55,7 @@ void stamp_receive(comm_t c, algo::CollArgs* args) {
 }
 
 // Peers are told so that ranks waiting on someone else end promptly too (communicator.h).
-Status fail_communicator(comm_t c, Status st) {
+Status fail_communicator(comm_t c, Status st, uint64_t order) {
   if (c->aborted.load(std::memory_order_acquire) && st.code() != COMM_ERR_ABORTED)
     st = Aborted(st.message() + " (the communicator was aborted)");
   if (st.code() == COMM_ERR_INVALID_ARGUMENT) return st;
@@ -68,7 +70,7 @@ Status fail_communicator(comm_t c, Status st) {
     // reported as a timeout, also when a peer's report told us of it, so that every rank it
     // reaches traces it too.
     const bool hang = c->transport->wait_failure().hang && st.code() == COMM_ERR_REMOTE;
-    c->transport->notify_peers(hang ? Status(COMM_ERR_TIMEOUT, st.message()) : st);
+    c->transport->notify_peers(hang ? Status(COMM_ERR_TIMEOUT, st.message()) : st, order);
     Status traced = trace_hang(c, st);
     if (traced.message() != st.message()) {
       std::lock_guard<std::mutex> lock(c->state_mu);
@@ -126,7 +128,7 @@ Status execute(comm_t c, const algo::CollArgs& args) {
     return st;
   }
   c->recorder.end(slot, st, &c->transport->wait_failure());
-  return fail_communicator(c, st.prefixed(context(c, args)));
+  return fail_communicator(c, st.prefixed(context(c, args)), args.tag.order);
 }
 
 Status execute_p2p_batch(comm_t c, std::vector<algo::CollArgs> calls) {
@@ -167,7 +169,7 @@ Status execute_p2p_batch(comm_t c, std::vector<algo::CollArgs> calls) {
   if (st.ok() && !ids.empty()) st = c->transport->wait(ids.data(), ids.size());
   c->recorder.end(slot, st, st.ok() ? nullptr : &c->transport->wait_failure());
   if (st.ok()) return st;
-  return fail_communicator(c, st.prefixed(context(c, calls.front())));
+  return fail_communicator(c, st.prefixed(context(c, calls.front())), calls.front().tag.order);
 }
 
 Status run_blocking(comm_t c, algo::CollArgs args) {
@@ -238,7 +240,7 @@ void post_now(comm_t c, comm_request_s* req, P2p* p2p) {
     else
       st = c->transport->irecv(a.peer, a.tag, a.recvbuf, bytes, &id);
   }
-  if (!st.ok()) return complete(c, req, fail_communicator(c, st.prefixed(context(c, a))));
+  if (!st.ok()) return complete(c, req, fail_communicator(c, st.prefixed(context(c, a)), a.tag.order));
   if (any) p2p->any_open = req;
   p2p->inflight.push_back({req, id});
 }
@@ -281,9 +283,11 @@ void collect(comm_t c, P2p* p2p, Status st) {
     }
     return;
   }
-  for (auto& f : inflight) complete(c, f.req, fail_communicator(c, st.prefixed(context(c, f.req->args))));
+  for (auto& f : inflight)
+    complete(c, f.req, fail_communicator(c, st.prefixed(context(c, f.req->args)), f.req->args.tag.order));
   inflight.clear();
-  for (comm_request_s* req : p2p->held) complete(c, req, fail_communicator(c, st.prefixed(context(c, req->args))));
+  for (comm_request_s* req : p2p->held)
+    complete(c, req, fail_communicator(c, st.prefixed(context(c, req->args)), req->args.tag.order));
   p2p->held.clear();
   p2p->any_open = nullptr;
 }

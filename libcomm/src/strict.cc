@@ -26,6 +26,7 @@ Status confirm_signature(comm_t c, algo::Context& ctx, const algo::CollArgs& arg
   // Ranks whose sequence numbers differ still fail at this tag.
   check.tag.seq = args.tag.seq | (uint64_t{1} << 63);
   check.tag.coll = transport::CollKind::kInternal;
+  check.tag.order = args.tag.order;  // part of the call it checks
   check.tag.dtype = static_cast<uint8_t>(COMM_UINT8);
   check.tag.count = sizeof(transport::WireTag);
   const std::string what = "strict check (COMM_CHECK_COLLECTIVES=1) of " + transport::describe(args.tag) + ": ";

@@ -33,7 +33,8 @@ void watch_loop(comm_t c) {
       // Broken and the peers told, as a failed call would (fail_communicator); callers that
       // arrive meanwhile wait in Driving, then find it broken.
       st = fail_communicator(c, st.prefixed("rank " + std::to_string(c->rank) + ", comm " + c->id +
-                                            ", between calls (idle detection): "));
+                                            ", between calls (idle detection): "),
+                             c->transport->idle_failure_order());
       std::lock_guard<std::mutex> state(c->state_mu);
       if (c->async_error.ok()) c->async_error = st;
     }

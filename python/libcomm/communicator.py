@@ -152,10 +152,27 @@ class Communicator:
                              ctypes.byref(out)), f"comm_split (rank {self.rank})")
         return Communicator(_handle=out.value) if out.value else None
 
-    def shrink(self, exclude):
+    def agree_failed(self):
+        """After a failure, the ranks still alive agree, without being told, on the failed ranks
+        (comm_agree_failed, ULFM's MPIX_Comm_agree over the failed group): returns them, ascending,
+        the same list on every survivor. Raises on a rank the others agreed had failed (it came
+        too late: stopped, cut off; it must exit) and on a side without a majority."""
+        failed = (ctypes.c_int * self.size)()
+        n = ctypes.c_int(0)
+        check(lib.comm_agree_failed(self._live(), failed, self.size, ctypes.byref(n)),
+              f"comm_agree_failed (rank {self.rank})")
+        return [failed[i] for i in range(min(n.value, self.size))]
+
+    def shrink(self, exclude=None):
         """ncclCommShrink: the ranks not in `exclude` (every one of them passing the same list)
         make a new communicator, renumbered densely in their old order. Works on a communicator
-        that failed (a peer died); afterwards this one can only be destroyed."""
+        that failed (a peer died); afterwards this one can only be destroyed. exclude=None: the
+        library finds the failed ranks itself (agree_failed, then shrink without them)."""
+        if exclude is None:
+            out = ctypes.c_void_p()
+            check(lib.comm_shrink(self._live(), None, -1, ctypes.byref(out)),  # COMM_SHRINK_AGREE
+                  f"comm_shrink (rank {self.rank})")
+            return Communicator(_handle=out.value)
         excluded = [int(r) for r in exclude]
         arr = (ctypes.c_int * max(1, len(excluded)))(*excluded)
         out = ctypes.c_void_p()

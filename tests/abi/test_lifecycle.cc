@@ -181,6 +181,52 @@ TEST_CASE("ABI 1.7: COMM_ANY_SOURCE, comm_recv_any and comm_irecv_any are declar
   CHECK(comm_irecv_any(nullptr, &x, 1, COMM_INT32, &source, &req) == COMM_ERR_INVALID_ARGUMENT);
 }
 
+TEST_CASE("ABI 1.8: comm_agree_failed and COMM_SHRINK_AGREE: bad input is refused; a healthy communicator agrees "
+          "on no failed rank and shrinks to itself", "[lifecycle]") {
+  STATIC_REQUIRE(COMM_ABI_VERSION_MINOR >= 8);
+  STATIC_REQUIRE(COMM_SHRINK_AGREE < 0);  // never a count
+  int failed[4] = {-1, -1, -1, -1}, n_failed = -1;
+  CHECK(comm_agree_failed(nullptr, failed, 4, &n_failed) == COMM_ERR_INVALID_ARGUMENT);
+  const int n = 3;
+  Ranks ranks = init_ranks(n, "agree-healthy", 20000);
+  REQUIRE(ranks.all_ok());
+  CHECK(comm_agree_failed(ranks.comms[0], failed, 4, nullptr) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_agree_failed(ranks.comms[0], nullptr, 4, &n_failed) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_agree_failed(ranks.comms[0], failed, -1, &n_failed) == COMM_ERR_INVALID_ARGUMENT);
+  struct Seen {
+    comm_status_t agree = COMM_ERR_INTERNAL, shrink = COMM_ERR_INTERNAL;
+    int n_failed = -1, size = -1;
+    Reduced after;
+    std::string message;
+  };
+  auto seen = on_ranks(n, [&](int r) {
+    Seen s;
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    s.agree = comm_agree_failed(c, nullptr, 0, &s.n_failed);
+    comm_t shrunk = nullptr;
+    s.shrink = comm_shrink(c, nullptr, COMM_SHRINK_AGREE, &shrunk);
+    if (s.shrink != COMM_OK) {
+      s.message = comm_last_error(c);
+    } else {
+      comm_size(shrunk, &s.size);
+      s.after = allreduce_sum(shrunk, r + 1);
+      comm_destroy(shrunk);
+    }
+    comm_destroy(c);
+    return s;
+  });
+  for (int r = 0; r < n; ++r) {
+    const Seen& s = seen[static_cast<size_t>(r)];
+    INFO("rank " << r << ": " << s.message);
+    CHECK(s.agree == COMM_OK);
+    CHECK(s.n_failed == 0);
+    CHECK(s.shrink == COMM_OK);
+    CHECK(s.size == n);
+    CHECK(s.after.status == COMM_OK);
+    CHECK(s.after.sum == 6);
+  }
+}
+
 TEST_CASE("comm_get_version_string gives meson's release and the git commit", "[lifecycle]") {
   const char* text = comm_get_version_string();
   REQUIRE(text != nullptr);

@@ -834,7 +834,7 @@ TEST_CASE("over TLS a peer's failure report and a peer's death read as over plai
     std::vector<uint8_t> buf(1 << 20);
     RequestId recv_id;
     REQUIRE(p.t0->irecv(1, tag(2, buf.size()), buf.data(), buf.size(), &recv_id).ok());
-    p.t1->notify_peers(RemoteError("rank 1 hit a wall in allreduce #2"));
+    p.t1->notify_peers(RemoteError("rank 1 hit a wall in allreduce #2"), 0);
     Status st = p.t0->wait(&recv_id, 1);
     CHECK(st.code() == COMM_ERR_REMOTE);
     CHECK_THAT(st.message(), Catch::Contains("rank 1 reported: rank 1 hit a wall"));

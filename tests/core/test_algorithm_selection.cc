@@ -87,7 +87,7 @@ class NoTraffic final : public comm::transport::Transport {
     *done = true;
     return Status::Ok();
   }
-  void notify_peers(const Status&) override {}
+  void notify_peers(const Status&, uint64_t) override {}
   void abort() override {}
   LocalAccess* local() override { return local_.get(); }
 

@@ -6,7 +6,8 @@ itself at step 5, torchrun restarts the group, training resumes from rank 0's la
 for bit, on both ranks.
 
 shrink: examples/elastic_shrink.py on 4 ranks, over shared memory and over sockets; rank 3 dies at
-step 4; the survivors shrink and finish on 3 ranks with identical replicas. Over shared memory it
+step 4; the survivors learn it from the library (comm_agree_failed: issue 35), shrink and finish on
+3 ranks with identical replicas. Over shared memory it
 failed before the engine fix of the same commit series: one survivor's comm_engine_end returned
 OK with unreduced gradients (its last partition had failed, and end() saw the step idle before the
 failure was recorded), so it went on alone and the others' shrink timed out.
@@ -100,8 +101,11 @@ def shrink_over(transport):
         params = {rank: p for rank, (_, p) in last[step].items()}  # losses are each rank's own batch's
         assert len(set(params.values())) == 1, f"step {step}: replicas differ {params}"
     assert "shrank to 3 ranks" in text, text
-    print(f"ok ({transport}): rank 3 died at step 4; the 3 survivors shrank and trained to step 9 with identical "
-          "replicas")
+    agreed = [line for line in text.splitlines() if "the survivors agreed that ranks" in line]
+    assert len(agreed) == 3 and all(line.endswith("ranks [3] failed") for line in agreed), \
+        f"every survivor learns from the library that rank 3 failed\n{text}"
+    print(f"ok ({transport}): rank 3 died at step 4; the 3 survivors agreed on it, shrank and trained to step 9 "
+          "with identical replicas")
 
 
 if __name__ == "__main__":

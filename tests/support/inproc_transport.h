@@ -50,7 +50,7 @@ class InprocTransport final : public transport::Transport {
   const char* name() const override { return "inproc"; }
   Status wait(const transport::RequestId* ids, size_t n) override;
   Status test(transport::RequestId id, bool* done) override;
-  void notify_peers(const Status&) override {}
+  void notify_peers(const Status&, uint64_t) override {}
   void abort() override;
 
   // Requests posted and not yet released by wait/test, now and at the most.

@@ -601,7 +601,7 @@ TEST_CASE("progress thread: a peer's failure it reads ends the caller's next wai
   std::vector<uint8_t> in(bytes, 0);
   RequestId recv_id;
   REQUIRE(w.ranks[0]->irecv(1, tag(2, bytes), in.data(), bytes, &recv_id).ok());  // the thread watches
-  w.ranks[1]->notify_peers(Internal("rank 1 broke on purpose"));
+  w.ranks[1]->notify_peers(Internal("rank 1 broke on purpose"), 0);
   // A small send completes as it is posted, so its wait needs no progress: only what the thread
   // read can fail it (with the thread off, every such wait returns OK). Sent until one fails:
   // when the thread gets a core to read the ERROR frame is the scheduler's to decide, so the

@@ -327,7 +327,7 @@ CONFORMANCE_CASE("notify_peers reaches a rank that waits on someone else; REMOTE
       rank2.start(w[2], 1, 5);
       std::this_thread::sleep_for(std::chrono::milliseconds(150));
       const Status failure(code, "rank 0 called broadcast #5 with root 2, the others root 1");
-      w[0].notify_peers(failure);
+      w[0].notify_peers(failure, 0);
       rank2.thread.join();
       CHECK(rank2.status.code() == seen);
       CHECK(rank2.status.message() == "rank 0 reported: " + failure.message());
@@ -347,10 +347,45 @@ CONFORMANCE_CASE("notify_peers reaches a rank that waits on someone else; REMOTE
   }
 }
 
+// A report names the operation it failed in (OpTag::order): a peer still in an earlier operation
+// finishes it with the data sent to it, before or after the report, and fails from that operation
+// on (docs/design.md, "Which calls a failure fails").
+CONFORMANCE_CASE("a report naming a later operation lets a wait on an earlier one finish; the later one fails", "") {
+  World w = make_world(fabric, 3);
+  connect_every_pair(w, 3);
+  OpTag earlier = tag(2, 64), later = tag(3, 64);
+  earlier.order = 4;
+  later.order = 6;
+  std::vector<uint8_t> out(64), in(64, 0);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = pattern(0, 2, i);
+  RequestId recv;
+  REQUIRE(w[2].irecv(0, earlier, in.data(), in.size(), &recv).ok());
+  Status waited;
+  std::thread rank2([&] { waited = w[2].wait(&recv, 1); });
+  const Status failure = InvalidUsage("rank 1 (this rank) called allreduce #3 but rank 0 called broadcast #3");
+  w[1].notify_peers(failure, later.order);
+  // Rank 2 most likely reads the report before the data below comes (before reports named their
+  // operation, its wait then failed); what it must end with does not depend on which comes first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  RequestId send;
+  REQUIRE(w[0].isend(2, earlier, out.data(), out.size(), &send).ok());
+  const Status sent = w[0].wait(&send, 1);
+  rank2.join();
+  INFO(waited.message());
+  CHECK(sent.ok());
+  CHECK(waited.ok());
+  CHECK(in == out);
+  // The operation it names fails on rank 2, with the report.
+  REQUIRE(w[2].irecv(1, later, in.data(), in.size(), &recv).ok());
+  const Status st = w[2].wait(&recv, 1);
+  CHECK(st.code() == COMM_ERR_INVALID_USAGE);
+  CHECK(st.message() == "rank 1 reported: " + failure.message());
+}
+
 CONFORMANCE_CASE("a failure reported before the receive is posted ends it with REMOTE", "") {
   World w = make_world(fabric, 2);
   connect_every_pair(w, 2);
-  w[1].notify_peers(Timeout("rank 1 waited on rank 7 for too long"));
+  w[1].notify_peers(Timeout("rank 1 waited on rank 7 for too long"), 0);
   std::vector<uint8_t> buf(8);
   RequestId id;
   REQUIRE(w[0].irecv(1, tag(1, 8), buf.data(), buf.size(), &id).ok());

@@ -86,10 +86,18 @@ class RoutedTransport final : public Transport {
     near_->wake();
     far_->wake();
   }
-  void notify_peers(const Status& failure) override {
-    near_->notify_peers(failure);
-    far_->notify_peers(failure);
+  void notify_peers(const Status& failure, uint64_t order) override {
+    near_->notify_peers(failure, order);
+    far_->notify_peers(failure, order);
     (void)fail(failure);
+  }
+  void lost_peers(std::vector<int>* out) override {
+    near_->lost_peers(out);
+    far_->lost_peers(out);
+    std::sort(out->begin(), out->end());
+  }
+  uint64_t idle_failure_order() override {
+    return std::max(near_->idle_failure_order(), far_->idle_failure_order());
   }
   Status check_idle() override {
     COMM_RETURN_IF_ERROR(failed_);

@@ -22,7 +22,8 @@ constexpr uint64_t kArenaMagic = 0x414e455241434d31ull;    // "1MCARENA"
 // segment, until its owner writes the real magic (last, once the header is complete): a rank
 // killed in between leaves a segment remove_orphans can still attribute.
 constexpr uint64_t kClaimMagic = 0x4d49414c43434d31ull;    // "1MCCLAIM"
-constexpr uint32_t kLayoutVersion = 3;  // 2: ControlHeader.left; 3: ControlLines.beat
+// 2: ControlHeader.left; 3: ControlLines.beat; 4: ControlHeader.error_order
+constexpr uint32_t kLayoutVersion = 4;
 constexpr size_t kLine = 128;
 constexpr size_t kPage = 4096;
 constexpr size_t kMaxErrorText = 512;
@@ -89,9 +90,11 @@ struct alignas(kPage) ControlHeader {
   uint32_t fragment_bytes;
   uint32_t channel_slots;
   uint64_t probe_word;  // a known value the process_vm_readv probe reads
-  // Set once by the owner when it fails (notify_peers): its comm_status_t and why.
+  // Set once by the owner when it fails (notify_peers): its comm_status_t and why, and the
+  // operation it failed in (OpTag::order; 0: unknown), written before error_code.
   std::atomic<uint32_t> error_code;
   uint32_t error_len;
+  uint64_t error_order;
   char error_text[kMaxErrorText];
   // Set by the owner's comm_destroy: its process may exit now without being taken for a death
   // by peers that idle (idle detection, ShmTransport::check_idle).

@@ -56,7 +56,7 @@ Status ShmTransport::post() {
 Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_least, const char* what) {
   uint64_t last = c.load(std::memory_order_acquire);
   if (last >= at_least) return Status::Ok();
-  Status st = await(
+  Status st = await(tag_.order,
       [&](bool* done, bool* moved) {
         const uint64_t v = c.load(std::memory_order_acquire);
         *done = v >= at_least;
@@ -79,7 +79,7 @@ Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_l
 Status ShmTransport::wait_slot(int i) {
   SlotHead* h = slot_head(i);
   if (h->call.load(std::memory_order_acquire) < call_) {
-    Status st = await(
+    Status st = await(tag_.order,
         [&](bool* done, bool* moved) {
           *done = h->call.load(std::memory_order_acquire) >= call_;
           return *done ? Status::Ok() : progress(moved);

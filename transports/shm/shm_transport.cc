@@ -61,7 +61,7 @@ ShmTransport::~ShmTransport() {
 // stopped (SIGSTOP, a debugger) or hung process, which its pidfd cannot show.
 Status ShmTransport::check_idle() {
   COMM_RETURN_IF_ERROR(usable());
-  Status st = peer_errors();
+  Status st = peer_errors(kAnyOrder);  // no call runs: the next one is later than any report
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < peers_.size() && st.ok(); ++i) {
     if (static_cast<int>(i) == me_ || peers_[i].header->left.load(std::memory_order_acquire) != 0) continue;
@@ -139,11 +139,13 @@ void ShmTransport::wake() {
   futex_wake_all(&my_lines_->doorbell.word);
 }
 
-// A failure one local peer reported (notify_peers) ends every wait here, as an ERROR frame
-// does on a socket. INVALID_USAGE stays INVALID_USAGE: every rank then names the disagreement.
-Status ShmTransport::peer_errors() {
+// A failure one local peer reported (notify_peers) ends every wait on the operation it names or
+// a later one, as an ERROR frame does on a socket; a wait on an earlier operation goes on, since
+// the peer's data of it is in shared memory already. INVALID_USAGE stays INVALID_USAGE: every
+// rank then names the disagreement.
+Status ShmTransport::peer_errors(uint64_t order) {
   for (size_t i = 0; i < peers_.size(); ++i) {
-    if (static_cast<int>(i) == me_) continue;
+    if (static_cast<int>(i) == me_ || peers_[i].reported) continue;
     const ControlHeader* h = peers_[i].header;
     const uint32_t code = h->error_code.load(std::memory_order_acquire);
     if (code == 0) continue;
@@ -151,10 +153,22 @@ Status ShmTransport::peer_errors() {
     for (auto& ch : text)
       if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f) ch = '?';
     const comm_status_t status = code == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
-    if (code == COMM_ERR_TIMEOUT) peer_timed_out();  // a hang: the core traces it (wait_failure)
-    return Status(status, who(static_cast<int>(i)) + " reported: " + text);
+    // A hang (a timeout report): the core traces it (wait_failure) when a wait takes the report.
+    keep_report(Status(status, who(static_cast<int>(i)) + " reported: " + text), h->error_order,
+                code == COMM_ERR_TIMEOUT);
+    peers_[i].reported = true;
   }
-  return Status::Ok();
+  return report_for(order);
+}
+
+uint64_t ShmTransport::order_of(const RequestId* ids, size_t n) {
+  uint64_t order = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Request& r = pool_.of(ids[i]);
+    if (r.tag.order == 0 || r.any) return r.any ? kAnyOrder : 0;
+    order = std::max(order, r.tag.order);
+  }
+  return order;
 }
 
 Status ShmTransport::check_alive(int i, const std::string& during) {
@@ -164,13 +178,14 @@ Status ShmTransport::check_alive(int i, const std::string& during) {
                      during + " (did it crash or get killed?)");
 }
 
-void ShmTransport::notify_peers(const Status& failure) {
+void ShmTransport::notify_peers(const Status& failure, uint64_t order) {
   Status reason = failure.ok() ? Internal(me() + ": notify_peers called without a failure") : failure;
   if (my_header_ != nullptr && my_header_->error_code.load(std::memory_order_relaxed) == 0) {
     const std::string& text = reason.message();
     const size_t len = std::min(text.size(), kMaxErrorText);
     std::memcpy(my_header_->error_text, text.data(), len);
     my_header_->error_len = static_cast<uint32_t>(len);
+    my_header_->error_order = order;
     my_header_->error_code.store(static_cast<uint32_t>(reason.code()), std::memory_order_release);
     // Everyone, sleeping or not: a peer may wait on someone else and must still end.
     for (size_t i = 0; i < peers_.size(); ++i) {
@@ -184,6 +199,14 @@ void ShmTransport::notify_peers(const Status& failure) {
   (void)fail(reason);
 }
 
+// A local peer whose process exited (its pidfd) without comm_destroy.
+void ShmTransport::lost_peers(std::vector<int>* out) {
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (static_cast<int>(i) == me_ || peers_[i].header->left.load(std::memory_order_acquire) != 0) continue;
+    if (!check_alive(static_cast<int>(i), "").ok()) out->push_back(peers_[i].rank);
+  }
+}
+
 // ---- waits on requests -------------------------------------------------------------------
 
 Status ShmTransport::wait(const RequestId* ids, size_t n) {
@@ -194,7 +217,7 @@ Status ShmTransport::wait(const RequestId* ids, size_t n) {
       if (!pool_.of(ids[i]).done) return false;
     return true;
   };
-  Status st = await(
+  Status st = await(order_of(ids, n),
       [&](bool* done, bool* moved) {
         COMM_RETURN_IF_ERROR(progress(moved));
         *done = all_done();
@@ -221,7 +244,7 @@ Status ShmTransport::wait_some(const RequestId* ids, size_t n) {
   COMM_RETURN_IF_ERROR(usable());
   if (n == 0) return Status::Ok();
   COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
-  Status st = await(
+  Status st = await(order_of(ids, n),
       [&](bool* done, bool* moved) {
         COMM_RETURN_IF_ERROR(progress(moved));
         for (size_t i = 0; i < n && !*done; ++i) *done = pool_.of(ids[i]).done;
@@ -261,7 +284,7 @@ Status ShmTransport::test(RequestId id, bool* done) {
   if (!r.done) {
     bool moved = false;
     COMM_RETURN_IF_ERROR(progress(&moved));
-    Status st = peer_errors();
+    Status st = peer_errors(r.any ? kAnyOrder : r.tag.order);
     if (st.ok() && !r.done) {
       std::string ignored;
       st = request_stuck(r, false, &ignored);

@@ -73,6 +73,7 @@ struct Peer {
   // Idle detection (check_idle, the watcher's thread only): its beat counter as last seen, and
   // when it was first seen at that value (unset: not looked at yet).
   uint64_t beat_seen = 0;
+  bool reported = false;  // its failure report was read (peer_errors) and kept
   std::chrono::steady_clock::time_point beat_seen_at{};
 };
 
@@ -96,7 +97,8 @@ class ShmTransport final : public Transport, public LocalAccess {
   Status test(RequestId id, bool* done) override;
   Status wait_some(const RequestId* ids, size_t n) override;
   void wake() override;
-  void notify_peers(const Status& failure) override;
+  void notify_peers(const Status& failure, uint64_t order) override;
+  void lost_peers(std::vector<int>* out) override;
   Status check_idle() override;
   void beat() override;
   void abort() override;
@@ -135,13 +137,18 @@ class ShmTransport final : public Transport, public LocalAccess {
   // of no progress; ends at once on abort or a peer's reported failure. Every failure is kept
   // (fail): the transport stays failed, as transport.h says.
   template <class Step, class Slow>
-  Status await(Step&& step, Slow&& slow);
+  // order: the operation waited on (OpTag::order), for peers' reports (Transport::concerns).
+  Status await(uint64_t order, Step&& step, Slow&& slow);
   Status usable();
   Status fail(const Status& st) {
     if (failed_.ok()) failed_ = st;
     return failed_;
   }
-  Status peer_errors();
+  // A local peer's report that concerns the operation of order `order` (Transport::concerns;
+  // kAnyOrder: any report), else OK. Reports are kept (Transport::keep_report) as they are seen.
+  Status peer_errors(uint64_t order);
+  // The order a wait on these requests stands at: the latest (0 if any is unknown).
+  uint64_t order_of(const RequestId* ids, size_t n);
   // A failed wait on requests: records the peers it still waited on (Transport::wait_failure).
   Status note_unfinished(const Status& failure, const RequestId* ids, size_t n);
   // A failed one-sided wait on local peer i (this call's tag).
@@ -234,7 +241,7 @@ class ShmTransport final : public Transport, public LocalAccess {
 namespace comm::transport::shm {
 
 template <class Step, class Slow>
-Status ShmTransport::await(Step&& step, Slow&& slow) {
+Status ShmTransport::await(uint64_t order, Step&& step, Slow&& slow) {
   using Clock = std::chrono::steady_clock;
   COMM_RETURN_IF_ERROR(usable());
   const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
@@ -265,7 +272,7 @@ Status ShmTransport::await(Step&& step, Slow&& slow) {
       continue;
     }
 
-    if (Status st = peer_errors(); !st.ok()) return fail(st);
+    if (Status st = peer_errors(order); !st.ok()) return fail(st);
     const bool timed_out = now - last_move >= timeout;
     if (Status st = slow(timed_out); !st.ok()) return fail(st);
     if (timed_out) return fail(Timeout(me() + ": no progress for " + std::to_string(options_.timeout_ms) + " ms"));

@@ -77,6 +77,7 @@ Status SocketTransport::check_idle() {
   COMM_RETURN_IF_ERROR(usable());
   if (Status st = take_thread_failure(); !st.ok()) return fail(st);
   Status st = progress(0);  // failure reports (ERROR frames), heartbeats, GOODBYEs and closes
+  if (st.ok()) st = report_for(kAnyOrder);  // no call runs: the next one is later than any report
   if (!st.ok()) return fail(st);
   const Clock::time_point now = Clock::now();
   if (heartbeat_.count() != 0 && now >= next_beat_) beat(now);
@@ -100,6 +101,28 @@ Status SocketTransport::check_idle() {
                                   heartbeat_.count(), options_.timeout_ms));
   }
   return Status::Ok();
+}
+
+// A connection that closed as a death (not garbage) or whose peer hung up without the GOODBYE of
+// comm_destroy: poll() sees a FIN or a reset at once, also on a failed transport that reads no more.
+void SocketTransport::lost_peers(std::vector<int>* out) {
+  Entry entry(*this);
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank()) continue;
+    bool lost = false;
+    for (int k = 0; k < nconns_ && !lost; ++k) {
+      Connection& c = conn(p, k);
+      if (c.said_goodbye) break;
+      if (c.closed) {
+        lost = c.close_is_exit;
+        continue;
+      }
+      if (!c.fd.valid()) continue;
+      pollfd pfd{c.fd.get(), POLLRDHUP, 0};
+      lost = ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    }
+    if (lost) out->push_back(p);
+  }
 }
 
 }  // namespace comm::transport::sock

@@ -286,8 +286,13 @@ Status SocketTransport::peer_reported(Connection& c) {
   c.state = RecvState::kHeader;
   // INVALID_USAGE stays INVALID_USAGE: every rank then reports the disagreement itself.
   comm_status_t code = c.recv_hdr.status == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
-  if (c.recv_hdr.status == COMM_ERR_TIMEOUT) peer_timed_out();  // a hang: the core traces it (wait_failure)
-  return Status(code, "rank " + std::to_string(c.peer) + " reported: " + text);
+  // Kept, not returned: the peer's data of operations before the one it names (the header's seq:
+  // OpTag::order) may still be on its way on other connections, or a third rank's, and the waits
+  // on those operations still complete (drive() and test() take the report when it concerns them).
+  // A hang (a timeout report) is marked for the core's trace when a wait takes it.
+  keep_report(Status(code, "rank " + std::to_string(c.peer) + " reported: " + text), c.recv_hdr.seq,
+              c.recv_hdr.status == COMM_ERR_TIMEOUT);
+  return Status::Ok();
 }
 
 void SocketTransport::close_connection(Connection& c, const std::string& reason, bool is_exit) {
@@ -307,7 +312,7 @@ void SocketTransport::close_connection(Connection& c, const std::string& reason,
 
 // ---- failure propagation ---------------------------------------------------------------------
 
-void SocketTransport::notify_peers(const Status& failure) {
+void SocketTransport::notify_peers(const Status& failure, uint64_t order) {
   Entry entry(*this);
   Status reason = failure.ok() ? Internal(me() + ": notify_peers called without a failure") : failure;
   std::string text = reason.message().substr(0, kMaxNotifyText);
@@ -316,6 +321,7 @@ void SocketTransport::notify_peers(const Status& failure) {
   h.kind = static_cast<uint8_t>(FrameKind::kError);
   h.coll = static_cast<uint8_t>(CollKind::kInternal);
   h.root = rank();
+  h.seq = order;  // the operation it concerns (OpTag::order); 0, as before, concerns every one
   h.status = static_cast<uint32_t>(reason.code());
   h.total_bytes = text.size();
   h.length = text.size();

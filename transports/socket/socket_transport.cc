@@ -184,6 +184,7 @@ Status SocketTransport::probe_any(int* source) {
   if (source == nullptr) return InvalidArgument("socket transport: null source pointer for a probe");
   if (Status st = take_thread_failure(); !st.ok()) return fail(st);
   Status st = progress(0);  // reads the headers that arrived
+  if (st.ok()) st = report_for(kAnyOrder);  // a probe is for a receive from any rank: any report ends it
   if (!st.ok()) return fail(st);
   COMM_RETURN_IF_ERROR(usable());
   *source = find_any();
@@ -239,13 +240,15 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
     bool all_done = true, some_done = false;
     for (size_t i = 0; i < n; ++i) {
       Request& r = pool_.of(ids[i]);
+      // A kept report fails the operation it names even where this rank's part of it is done.
+      Status st = report_for_request(r);
+      if (st.ok() && r.parts_left > 0) st = check_peers(r);
+      if (!st.ok()) return failed(st);
       if (r.parts_left == 0) {
         some_done = true;
         continue;
       }
       all_done = false;
-      Status st = check_peers(r);
-      if (!st.ok()) return failed(st);
     }
     if (all_done && !any) break;
     if (any && (some_done || n == 0 || woken_.exchange(false, std::memory_order_acq_rel))) return Status::Ok();
@@ -279,11 +282,10 @@ Status SocketTransport::test(RequestId id, bool* done) {
     Status st = progress(0);
     if (!st.ok()) return fail(st);
     COMM_RETURN_IF_ERROR(usable());
-    if (r.parts_left > 0) {
-      st = check_peers(r);
-      if (!st.ok()) return fail(st);
-    }
   }
+  Status st = report_for_request(r);
+  if (st.ok() && r.parts_left > 0) st = check_peers(r);
+  if (!st.ok()) return fail(st);
   *done = r.parts_left == 0;
   if (*done) pool_.release(index);
   return Status::Ok();

@@ -49,8 +49,13 @@ class SocketTransport final : public Transport {
   Status test(RequestId id, bool* done) override;
   Status wait_some(const RequestId* ids, size_t n) override;
   void wake() override;
-  void notify_peers(const Status& failure) override;
+  void notify_peers(const Status& failure, uint64_t order) override;
   Status check_idle() override;
+  void lost_peers(std::vector<int>* out) override;  // heartbeat.cc
+  uint64_t idle_failure_order() override {
+    Entry entry(*this);
+    return Transport::idle_failure_order();
+  }
 
   // Any thread: an atomic flag, and the eventfd wakes a wait blocked in poll().
   void abort() override;
@@ -141,6 +146,8 @@ class SocketTransport final : public Transport {
   Status peer_reported(Connection& c);
   void close_connection(Connection& c, const std::string& reason, bool is_exit);
   Status check_peers(Request& r);
+  // A peer's kept report (Transport::keep_report) when it concerns unfinished request r.
+  Status report_for_request(const Request& r) { return report_for(r.any ? kAnyOrder : r.tag.order); }
   // Idle detection (heartbeat.cc): a HEARTBEAT to every connected peer when one is due.
   void beat(Clock::time_point now);
   bool flush_beat(Connection& c);  // false: the socket buffer is still full

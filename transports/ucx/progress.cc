@@ -207,10 +207,9 @@ Status UcxTransport::probe_any(int* source) {
   COMM_RETURN_IF_ERROR(usable());
   if (source == nullptr) return InvalidArgument("UCX transport: null source pointer for a probe");
   ucx_library().ucp_worker_progress(worker_);
-  if (report_arrived_) {
-    Status st = take_report();
-    if (!st.ok()) return fail(st);
-  }
+  Status st = report_arrived_ ? take_report() : Status::Ok();
+  if (st.ok()) st = report_for(kAnyOrder);  // a probe is for a receive from any rank: any report ends it
+  if (!st.ok()) return fail(st);
   *source = find_any();
   return Status::Ok();
 }
@@ -332,6 +331,7 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
     for (size_t i = 0; i < n; ++i) {
       Request& r = pool_.of(ids[i]);
       Status st = r.parts_left == 0 ? check(r) : check_pending(r);
+      if (st.ok()) st = report_for(r.any ? kAnyOrder : r.tag.order);  // also where its part is done
       if (!st.ok()) return fail(st);
       if (r.parts_left == 0) {
         some_done = true;
@@ -382,10 +382,9 @@ Status UcxTransport::test(RequestId id, bool* done) {
   }
   Status st = r.parts_left == 0 ? check(r) : check_pending(r);
   if (!st.ok()) return fail(st);
-  if (r.parts_left > 0 && report_arrived_) {
-    st = take_report();
-    if (!st.ok()) return fail(st);
-  }
+  if (r.parts_left > 0 && report_arrived_) st = take_report();
+  if (st.ok()) st = report_for(r.any ? kAnyOrder : r.tag.order);
+  if (!st.ok()) return fail(st);
   *done = r.parts_left == 0;
   if (*done) pool_.release(index);
   return Status::Ok();
@@ -421,8 +420,13 @@ Status UcxTransport::peer_report() {
     if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f) ch = '?';
   // INVALID_USAGE stays INVALID_USAGE: every rank then reports the disagreement itself.
   comm_status_t code = h.status == COMM_ERR_INVALID_USAGE ? COMM_ERR_INVALID_USAGE : COMM_ERR_REMOTE;
-  if (h.status == COMM_ERR_TIMEOUT) peer_timed_out();  // a hang: the core traces it (wait_failure)
-  return Status(code, "rank " + std::to_string(h.source) + " reported: " + text);
+  // Kept until a wait on the operation it names (seq: OpTag::order) or a later one takes it
+  // (report_for); the peer's data of earlier operations still completes their waits. A hang (a
+  // timeout report) is marked for the core's trace then.
+  keep_report(Status(code, "rank " + std::to_string(h.source) + " reported: " + text), h.seq,
+              h.status == COMM_ERR_TIMEOUT);
+  report_arrived_ = false;
+  return post_report_receive();
 }
 
 Status UcxTransport::take_report() {
@@ -450,6 +454,7 @@ Status UcxTransport::check_idle() {
     }
     if (ucx_library().ucp_worker_progress(worker_) == 0 && !report_arrived_) break;
   }
+  if (Status st = report_for(kAnyOrder); !st.ok()) return fail(st);  // no call runs: the next is later
   check_pids();  // peers reached over shared memory alone (no UCX failure handling)
   for (Peer& p : peers_) {
     if (!p.failed || p.left || ++p.idle_failed < 2) continue;
@@ -459,7 +464,7 @@ Status UcxTransport::check_idle() {
   return Status::Ok();
 }
 
-void UcxTransport::notify_peers(const Status& failure) {
+void UcxTransport::notify_peers(const Status& failure, uint64_t order) {
   Status reason = failure.ok() ? Internal(me() + ": notify_peers called without a failure") : failure;
   const std::string text = reason.message().substr(0, kMaxErrorText);
   outgoing_.header = WireHeader{};
@@ -467,6 +472,7 @@ void UcxTransport::notify_peers(const Status& failure) {
   outgoing_.header.status = static_cast<uint32_t>(reason.code());
   outgoing_.header.bytes = text.size();
   outgoing_.header.source = rank();
+  outgoing_.header.seq = order;  // the operation it concerns (OpTag::order); 0 concerns every one
   memcpy(outgoing_.text, text.data(), text.size());
   const size_t total = sizeof(WireHeader) + text.size();
   std::vector<void*> sends;

@@ -129,7 +129,11 @@ class UcxTransport final : public Transport {
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
   Status test(RequestId id, bool* done) override;
   void wake() override;
-  void notify_peers(const Status& failure) override;
+  void notify_peers(const Status& failure, uint64_t order) override;
+  void lost_peers(std::vector<int>* out) override {
+    for (const Peer& p : peers_)
+      if (p.failed && !p.left) out->push_back(p.rank);
+  }
   void abort() override;  // any thread: a flag, and the eventfd wakes a blocked wait
   Status check_idle() override;  // progress without blocking: failed peers, reports (progress.cc)
 

@@ -23,10 +23,11 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 7 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+#define COMM_ABI_VERSION_MINOR 8 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
                                     comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2;
                                     4: comm_shrink; 5: comm_engine_test; 6: comm_barrier_monitored;
-                                    7: COMM_ANY_SOURCE, comm_recv_any, comm_irecv_any */
+                                    7: COMM_ANY_SOURCE, comm_recv_any, comm_irecv_any;
+                                    8: comm_agree_failed, COMM_SHRINK_AGREE */
 
 typedef enum {
   COMM_OK = 0,
@@ -119,6 +120,22 @@ COMM_API comm_status_t comm_split(comm_t comm, int color, int key, comm_t* out);
  * timeout. Works when world rank 0 (which serves the rendezvous store) is excluded:
  * docs/design.md, "Shrinking a communicator". */
 COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_exclude, comm_t* new_comm);
+/* Since ABI 1.8, after a failure: the ranks of comm that are still alive agree, without being
+ * told, on one set of failed ranks (ULFM's MPIX_Comm_agree over the failed group), also when
+ * they saw the failure differently (a stopped rank some timed out on and others not yet, two
+ * failures at once, a failure during the agreement). Every live rank calls it (comm healthy,
+ * broken or aborted; its transport is only asked which peers it saw gone). Writes the failed
+ * ranks, ascending, to failed[0..min(*n_failed, capacity)-1] and their number to *n_failed
+ * (failed may be NULL when capacity is 0). Errors: COMM_ERR_REMOTE when the others agreed that
+ * this rank failed (it came too late: stopped, cut off; it may never rejoin comm: exit), or when
+ * the ranks that agreed are not a strict majority of comm (that side stops); COMM_ERR_UNAVAILABLE
+ * when the job store does not answer (it dies with world rank 0 unless init_method is file://).
+ * Bounded by about twice the timeout per failure during it. docs/design.md, "Agreeing on the
+ * failed ranks". */
+COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity, int* n_failed);
+/* comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &new_comm): the failed ranks left to the library
+ * (comm_agree_failed, then comm_shrink with its set). Since ABI 1.8. */
+#define COMM_SHRINK_AGREE (-1)
 /* Local, non-blocking, idempotent, any thread: every pending and future call on comm
  * ends with COMM_ERR_ABORTED. Frees nothing; call comm_destroy afterwards. */
 COMM_API comm_status_t comm_abort(comm_t comm);

@@ -21,7 +21,7 @@ class SubsetTransport final : public transport::Transport {
   Status test(transport::RequestId id, bool* done) override { return base_.test(id, done); }
   Status wait_some(const transport::RequestId* ids, size_t n) override { return base_.wait_some(ids, n); }
   void wake() override { base_.wake(); }
-  void notify_peers(const Status& failure) override { base_.notify_peers(failure); }
+  void notify_peers(const Status& failure, uint64_t order) override { base_.notify_peers(failure, order); }
   void abort() override { base_.abort(); }
 
  private:

@@ -1,0 +1,184 @@
+// comm_agree_failed: after a failure, the ranks of a communicator that are still alive agree,
+// without being told, on one set of failed ranks (ULFM's MPIX_Comm_agree over the failed group,
+// MPIX_Comm_shrink's first half); comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &out) then leaves
+// them out. The protocol and what it assumes: docs/design.md, "Agreeing on the failed ranks".
+//
+// In short: each rank checks in at the job store with what it knows failed (its suspicions), and
+// takes a ticket (the store's atomic add). Ticket 1 decides: it waits until every rank has checked
+// in or is suspected by one that has (or the timeout passes), and publishes the verdict: the ranks
+// that did not check in failed. The others wait for the verdict; a rank the verdict names failed
+// (it checked in too late: stopped, cut off) is excluded for good. Only a strict majority of the
+// communicator carries on. A decider that fails before its verdict costs its round: the others
+// start the next round, whose decider is again ticket 1 there.
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "communicator.h"
+#include "log.h"
+#include "store/store.h"
+#include "watch.h"
+
+namespace comm {
+namespace {
+
+constexpr int kRounds = 3;
+constexpr auto kPoll = std::chrono::milliseconds(20);  // the decider's look at the check-ins
+constexpr int kWhoMs = 1000;  // a checked-in rank names its ticket right after taking it
+
+std::string list_text(const std::vector<int>& ranks) {
+  std::string text = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) text += ',';
+    text += std::to_string(ranks[i]);
+  }
+  return text + "]";
+}
+
+// "[1,3]" from the store (another rank wrote it: nothing is trusted): the ranks in [0, n).
+std::vector<int> parse_list(const std::string& text, int n) {
+  std::vector<int> out;
+  long v = -1;
+  for (char ch : text) {
+    if (ch >= '0' && ch <= '9') {
+      v = (v < 0 ? 0 : v) * 10 + (ch - '0');
+      if (v > n) v = n;  // out of range: dropped below
+    } else {
+      if (v >= 0 && v < n) out.push_back(static_cast<int>(v));
+      v = -1;
+    }
+  }
+  if (v >= 0 && v < n) out.push_back(static_cast<int>(v));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// What this rank knows failed: the peers its transport saw gone, and the ranks its hang trace
+// found stalled (a stopped rank is a suspicion until the verdict fences it).
+std::vector<int> own_suspicions(comm_t c) {
+  std::vector<int> out;
+  if (c->transport) {
+    Driving driving(c);  // the watcher uses the transport only while no thread does
+    c->transport->lost_peers(&out);
+  }
+  {
+    std::lock_guard<std::mutex> lock(c->state_mu);
+    out.insert(out.end(), c->stalled.begin(), c->stalled.end());
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  out.erase(std::remove(out.begin(), out.end(), c->rank), out.end());
+  return out;
+}
+
+struct Verdict {
+  bool quorum = false;
+  std::vector<int> failed;  // quorum: the failed ranks; else the ranks that checked in
+};
+
+// Ticket 1: reads the check-ins in ticket order until every rank is in or suspected by a rank
+// that is, or the timeout passes; the rest failed.
+Status decide(comm_t c, Store& store, const std::vector<int>& mine, std::string* verdict) {
+  const int n = c->size;
+  std::vector<bool> in(static_cast<size_t>(n), false), suspected(static_cast<size_t>(n), false);
+  in[static_cast<size_t>(c->rank)] = true;
+  for (int r : mine) suspected[static_cast<size_t>(r)] = true;
+  const Deadline deadline = Deadline::after_ms(c->settings.timeout_ms);
+  int64_t next = 2;
+  for (;;) {
+    int64_t tickets = 0;
+    COMM_RETURN_IF_ERROR(store.add("tickets", 0, &tickets));
+    for (; next <= tickets; ++next) {
+      std::string who, theirs;
+      if (!store.get("who/" + std::to_string(next), &who, Deadline::after_ms(kWhoMs)).ok()) continue;  // died there
+      const std::vector<int> r = parse_list(who, n);
+      if (r.size() != 1) continue;
+      in[static_cast<size_t>(r[0])] = true;
+      if (store.get("in/" + std::to_string(r[0]), &theirs, Deadline::after_ms(kWhoMs)).ok())
+        for (int s : parse_list(theirs, n)) suspected[static_cast<size_t>(s)] = true;
+    }
+    bool accounted = true;
+    for (int r = 0; r < n; ++r) accounted = accounted && (in[static_cast<size_t>(r)] || suspected[static_cast<size_t>(r)]);
+    if (accounted || deadline.expired()) break;
+    std::this_thread::sleep_for(kPoll);
+  }
+  std::vector<int> alive, failed;
+  for (int r = 0; r < n; ++r) (in[static_cast<size_t>(r)] ? alive : failed).push_back(r);
+  const bool quorum = 2 * alive.size() > static_cast<size_t>(n);
+  *verdict = (quorum ? "OK " : "NOQUORUM ") + list_text(quorum ? failed : alive);
+  return store.set("verdict", *verdict);
+}
+
+Verdict parse_verdict(const std::string& text, int n) {
+  Verdict v;
+  v.quorum = text.rfind("OK ", 0) == 0;
+  v.failed = parse_list(text.substr(std::min(text.size(), text.find(' '))), n);
+  return v;
+}
+
+}  // namespace
+
+Status agree_failed(comm_t c, std::vector<int>* failed) {
+  const std::string where = "rank " + std::to_string(c->rank) + ", comm " + c->id + ": comm_agree_failed: ";
+  failed->clear();
+  if (c->shrunk)
+    return InvalidUsage(where + "comm_shrink was already called on this communicator; agree on the one it made");
+  if (c->size == 1) return Status::Ok();
+  const int n = c->size;
+  const std::string base = "comm/" + c->id + "/agree" + std::to_string(++c->agreements);
+  const std::vector<int> mine = own_suspicions(c);
+  const int timeout_ms = c->settings.timeout_ms;
+  // The decider waits up to one timeout for the check-ins; the others a half more for its verdict.
+  const int verdict_ms = timeout_ms + timeout_ms / 2 + 2 * kWhoMs;
+  auto unreachable = [&](const Status& st) {
+    return Unavailable(where + "the job store does not answer (" + st.message() + "); its server, world rank 0, "
+                       "may be the rank that failed: the agreement needs a store that outlives the failure "
+                       "(init_method file://, or world rank 0 alive); comm_shrink with an explicit list works "
+                       "without it");
+  };
+  for (int round = 0; round < kRounds; ++round) {
+    std::shared_ptr<Store> store = make_prefix_store(c->job_store, base + "/r" + std::to_string(round));
+    Status st = store->set("in/" + std::to_string(c->rank), list_text(mine), Deadline::after_ms(timeout_ms));
+    int64_t ticket = 0;
+    if (st.ok()) st = store->add("tickets", 1, &ticket);
+    if (st.ok()) st = store->set("who/" + std::to_string(ticket), std::to_string(c->rank), Deadline::after_ms(timeout_ms));
+    if (!st.ok()) return unreachable(st);
+    std::string text;
+    if (ticket == 1) {
+      COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed decides round %d (its suspicions: %s)", c->id.c_str(),
+                c->rank, round, list_text(mine).c_str());
+      st = decide(c, *store, mine, &text);
+      if (!st.ok()) return unreachable(st);
+    } else {
+      st = store->get("verdict", &text, Deadline::after_ms(verdict_ms));
+      if (!st.ok()) {
+        if (st.code() != COMM_ERR_TIMEOUT) return unreachable(st);
+        COMM_WARN(kInit, "%sround %d's decider published no verdict within %d ms (did it fail during the agreement?); "
+                  "next round", where.c_str(), round, verdict_ms);
+        continue;
+      }
+    }
+    const Verdict v = parse_verdict(text, n);
+    COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed round %d: %s", c->id.c_str(), c->rank, round, text.c_str());
+    const bool me_failed = v.quorum ? std::binary_search(v.failed.begin(), v.failed.end(), c->rank)
+                                    : !std::binary_search(v.failed.begin(), v.failed.end(), c->rank);
+    if (me_failed)
+      return RemoteError(where + "the other ranks agreed that this rank failed (it joined the agreement after their "
+                         "verdict " + text + ": was it stopped, or cut off?); it is excluded from this "
+                         "communicator for good and cannot rejoin it: exit (a launcher may start a new process)");
+    if (!v.quorum)
+      return RemoteError(where + "only ranks " + list_text(v.failed) + " of " + std::to_string(n) + " joined the "
+                         "agreement, not a majority: this side stops, so that two sides of a split job never "
+                         "both go on");
+    *failed = v.failed;
+    return Status::Ok();
+  }
+  return Timeout(where + "no decider published a verdict in " + std::to_string(kRounds) + " rounds of " +
+                 std::to_string(verdict_ms) + " ms; are the other ranks failing one after another?");
+}
+
+}  // namespace comm
