@@ -42,6 +42,10 @@ const std::vector<Param>& all() {
        "write each communicator's flight recorder (its last 256 operations, JSON) here when it times out, fails "
        "or is aborted; %h host, %p pid, %r rank; tools/comm-trace merges the ranks' files",
        nullptr},
+      {"COMM_STRAGGLER_MS", Type::kInt, "10",
+       "straggler detection: a peer whose first message of a collective comes last, this many ms or more after "
+       "this rank started it, in half of 100 collectives is named at INFO and counted in the metrics; 0: off",
+       nullptr, 0, 3600 * 1000},
       {"COMM_TRANSPORT", Type::kEnum, "auto",
        "host transport between ranks: auto = the topology plan's per peer (shared memory on one host; between "
        "hosts UCX where InfiniBand/RoCE is up, else sockets); shm = shared memory only (every rank on one host); "

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 
+#include "common/arrivals.h"
 #include "common/wire_check.h"
 #include "shm/shm_transport_impl.h"
 
@@ -104,6 +105,7 @@ Status ShmTransport::wait_slot(int i) {
   const OpTag theirs = op_tag(h->tag);
   if (!(theirs == tag_))
     return fail(call_mismatch(who(i), theirs, "rank " + std::to_string(rank()) + " (this rank)", tag_));
+  arrived(peers_[static_cast<size_t>(i)].rank, tag_);
   return Status::Ok();
 }
 
@@ -118,6 +120,7 @@ Status ShmTransport::wait_posted(int i) {
   auto us = [&] { return "rank " + std::to_string(rank()) + " (this rank)"; };  // error messages only
   if (!(theirs == tag_))
     return fail(call_mismatch(who(i), theirs, us(), tag_));
+  arrived(p.rank, tag_);
   const CallDesc& mine = my_lines_->desc[call_ % 2];
   if (p.desc.chunk_bytes != mine.chunk_bytes || p.desc.bytes != mine.bytes)
     return fail(InvalidUsage(who(i) + " pipelines " + describe(tag_) + " in chunks of " +
