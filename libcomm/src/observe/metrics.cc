@@ -85,7 +85,9 @@ void write_targets(comm_t c, const std::string& host, int port) {
   const bool any = host == "0.0.0.0" || host == "::" || host.empty();
   const std::string target = (any ? std::string(name) : host.find(':') != std::string::npos ? "[" + host + "]" : host) +
                              ":" + std::to_string(port);
-  const std::string text = "[{\"targets\": [\"" + target + "\"], \"labels\": {\"libcomm_host\": \"" + name + "\"}}]\n";
+  // libcomm_rank, not rank: the page's own rank label (per communicator) stays as it is.
+  const std::string text = "[{\"targets\": [\"" + target + "\"], \"labels\": {\"libcomm_host\": \"" + name +
+                           "\", \"libcomm_rank\": \"" + std::to_string(c->rank) + "\"}}]\n";
   const std::string tmp = file + ".tmp" + std::to_string(getpid());
   FILE* f = std::fopen(tmp.c_str(), "w");
   bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
