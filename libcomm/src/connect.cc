@@ -195,11 +195,13 @@ Status connect_transport(comm_t c) {
   opt.all_local = c->all_local;
   opt.host_of = c->host_of;
   c->send_seq.assign(static_cast<size_t>(c->size), 0);
+  c->recv_seq.assign(static_cast<size_t>(c->size), 0);
+  // Straggler detection (transports/common/arrivals.h): every transport of this communicator
+  // reports into one record.
   int64_t late_ms = 0;
   COMM_RETURN_IF_ERROR(params::get_int("COMM_STRAGGLER_MS", &late_ms));
   c->stats.init(c->size, "comm " + c->id + " rank " + std::to_string(c->rank), late_ms);
   if (late_ms > 0 && c->size > 1) c->arrivals = opt.arrivals = std::make_shared<transport::Arrivals>(c->size);
-  c->recv_seq.assign(static_cast<size_t>(c->size), 0);
   match_tuning(c);
   opt.shm_slot_bytes = c->tuning->shm_slot_bytes();
   opt.socket_nconns = c->tuning->socket_nconns();

@@ -1,13 +1,13 @@
 // Straggler detection's measurement (docs/observability.md): how long this rank waited, from the
 // start of a collective, for each peer's first message of it. Only this rank's clock is read, so
 // nothing assumes clocks agree across hosts. The core marks the collective that runs (begin/end);
-// a transport reports each message it matches to a posted receive (Transport::arrived), and only
-// the first of each peer in that collective is counted. One per communicator, shared by every
+// a transport reports each message as it arrives or meets its posted receive (Transport::arrived),
+// and only the first of each peer in that collective is counted. One per communicator, shared by every
 // transport that carries it (the routed transport's two halves report into the same one).
 //
-// Plain relaxed atomics: the counters are read by the metrics plugin's scrapes and by
-// comm_get_*-style snapshots from other threads while the issuing thread writes them; a reader
-// may see a count and its wait total one message apart (a diagnostic, never a crash).
+// Plain relaxed atomics: the metrics snapshot (libcomm/src/observe/snapshot.cc) reads them from
+// another thread while the transports write them; a reader may see a count and its wait total
+// one message apart (a diagnostic, never a crash).
 #pragma once
 
 #include <time.h>
