@@ -89,10 +89,13 @@ const std::vector<Param>& all() {
       {"COMM_TLS_KEY", Type::kString, "", "with COMM_TLS_CERT: its private key (PEM)", nullptr},
       {"COMM_TLS_CA", Type::kString, "", "with COMM_TLS_CERT: the CA (PEM) every peer's certificate must be signed by",
        nullptr},
+      {"COMM_TLS_CIPHER", Type::kEnum, "auto",
+       "AES-128-GCM of libcomm's own TLS records (where the kernel has no TLS): auto = Intel's ipsec-mb where it has a "
+       "VAES path for this CPU (AVX-512), OpenSSL's EVP elsewhere and always in FIPS mode; ipsec-mb = ipsec-mb wherever "
+       "it loads; openssl = OpenSSL's EVP always. Read once per process",
+       "auto,ipsec-mb,openssl"},
       {"COMM_TLS_AES", Type::kEnum, "auto",
-       "AES-128-GCM of libcomm's own TLS records (where the kernel has no TLS): auto = VAES/VPCLMULQDQ code on CPUs "
-       "with AVX2, VAES and VPCLMULQDQ, OpenSSL's elsewhere; openssl = OpenSSL's always (to compare, or to rule the "
-       "VAES code out). Read once per process",
+       "the older name of COMM_TLS_CIPHER: openssl forces OpenSSL's EVP where COMM_TLS_CIPHER is auto",
        "auto,openssl"},
       {"COMM_TUNING_FILE", Type::kString, "", "tuning profile (JSON) written by comm-tune", nullptr},
       {"COMM_SOCKET_IFNAME", Type::kString, "",

@@ -35,10 +35,12 @@
 #include "support/transport_test.h"
 #include "tls/records.h"
 #include "tls/tls.h"
+#include "tls_test_support.h"
 #include "transport.h"
 
 using namespace comm;
 using namespace comm::testing;
+using namespace comm::tls_test;
 using namespace comm::transport;
 namespace topology = comm::topology;
 
@@ -47,49 +49,9 @@ namespace {
 constexpr int kTestTimeoutMs = 20000;
 const std::string kSecret = "job-secret-tls-relay-0123456789";
 
-// A connected TCP pair on loopback, both ends non-blocking.
-void tcp_pair(posix::Fd* a, posix::Fd* b) {
-  posix::Fd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  REQUIRE(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), len) == 0);
-  REQUIRE(::listen(listener.get(), 1) == 0);
-  REQUIRE(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  a->reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  REQUIRE(::connect(a->get(), reinterpret_cast<sockaddr*>(&addr), len) == 0);
-  b->reset(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-  REQUIRE(b->valid());
-  for (int fd : {a->get(), b->get()}) REQUIRE(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK) == 0);
-}
 
-std::shared_ptr<tls::Context> context(const tls::Config& config) {
-  std::shared_ptr<tls::Context> ctx;
-  Status st = tls::Context::create(config, &ctx);
-  INFO(st.message());
-  REQUIRE(st.ok());
-  return ctx;
-}
 
-tls::Config psk_config(const std::string& secret) {
-  tls::Config c;
-  c.psk = tls::psk_from_secret(secret, "socket");
-  return c;
-}
 
-// Both handshakes in one thread, step by step, until both end (or 10 s pass).
-void handshake_both(tls::Session& client, tls::Session& server, tls::Step* cs, tls::Step* ss) {
-  *cs = tls::Step::kWantWrite;
-  *ss = tls::Step::kWantRead;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  auto running = [](tls::Step s) { return s == tls::Step::kWantRead || s == tls::Step::kWantWrite; };
-  while ((running(*cs) || running(*ss)) && std::chrono::steady_clock::now() < until) {
-    if (running(*cs)) *cs = client.handshake();
-    if (running(*ss)) *ss = server.handshake();
-    if (running(*cs) || running(*ss)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
 
 // ---- certificates, made here with OpenSSL so the test needs no files ---------------------------
 
@@ -333,22 +295,14 @@ void exchange_both_ways(tls::Session& x, tls::Session& y, size_t bytes) {
   CHECK(in_y == out);
 }
 
-struct RecordsPerKey {
-  explicit RecordsPerKey(uint64_t n) : saved(tls::Records::records_per_key) { tls::Records::records_per_key = n; }
-  ~RecordsPerKey() { tls::Records::records_per_key = saved; }
-  uint64_t saved;
-};
 
 }  // namespace
 
 // libcomm seals and opens the records itself where the kernel has no TLS (tls/records.h): OpenSSL's
 // record layer, the reference, must read them and be read by them, across key updates.
-TEST_CASE("libcomm's TLS records and OpenSSL's read each other, both ways, across key updates", "[tls]") {
+TEST_CASE("libcomm's TLS records and OpenSSL's read each other, both ways, across key updates", "[tls-own]") {
   auto own = context(psk_config(kSecret));
-  if (!own->own_records()) {
-    WARN("kernel TLS: the kernel seals the records here");
-    return;
-  }
+  REQUIRE(own->own_records());  // [tls-own]: run only where the kernel has no TLS (tests/meson.build)
   tls::Config c = psk_config(kSecret);
   c.openssl_records = true;
   auto openssl = context(c);
@@ -370,12 +324,9 @@ TEST_CASE("libcomm's TLS records and OpenSSL's read each other, both ways, acros
   }
 }
 
-TEST_CASE("libcomm's TLS records: a byte altered in transit fails the read, and says so", "[tls]") {
+TEST_CASE("libcomm's TLS records: a byte altered in transit fails the read, and says so", "[tls-own]") {
   auto ctx = context(psk_config(kSecret));
-  if (!ctx->own_records()) {
-    WARN("kernel TLS: the kernel seals the records here");
-    return;
-  }
+  REQUIRE(ctx->own_records());  // [tls-own]: run only where the kernel has no TLS (tests/meson.build)
   // client on a, its bytes to b; the test forwards b <-> c; the server on d.
   posix::Fd a, b, c, d;
   tcp_pair(&a, &b);
@@ -428,12 +379,9 @@ TEST_CASE("libcomm's TLS records: a byte altered in transit fails the read, and 
 // A record that fails in the middle of a read: the records before it are handed out, then the
 // failure, and it stays: the record after it must never read as the next one (an attacker who
 // could drop a record unnoticed could cut a stream).
-TEST_CASE("libcomm's TLS records: after a record that fails, no later record is read", "[tls]") {
+TEST_CASE("libcomm's TLS records: after a record that fails, no later record is read", "[tls-own]") {
   auto ctx = context(psk_config(kSecret));
-  if (!ctx->own_records()) {
-    WARN("kernel TLS: the kernel seals the records here");
-    return;
-  }
+  REQUIRE(ctx->own_records());  // [tls-own]: run only where the kernel has no TLS (tests/meson.build)
   posix::Fd a, b, c, d;  // client on a, its bytes to b; the test forwards b -> c; the server on d
   tcp_pair(&a, &b);
   tcp_pair(&c, &d);
@@ -495,113 +443,7 @@ TEST_CASE("libcomm's TLS records: after a record that fails, no later record is 
 }
 
 // ---- libcomm's records, end to end without a handshake: two Records on a TCP pair, one key each
-// way. Records of any content type are sealed by Records' own code (its test friend below).
-
-namespace comm::tls {
-struct RecordsTestAccess {
-  // One record of `type` holding `content`, under the sender's current key (and sequence number).
-  static std::vector<uint8_t> seal(Records& r, uint8_t type, const std::vector<uint8_t>& content) {
-    std::vector<uint8_t> out(content.size() + 64);
-    const iovec iov{const_cast<uint8_t*>(content.data()), content.size()};
-    const size_t n = r.seal(type, &iov, 1, 0, content.size(), out.data());
-    REQUIRE(n > 0);
-    out.resize(n);
-    return out;
-  }
-  // What the sender does after sealing a KeyUpdate: its next records go under the next secret.
-  static void next_send_key(Records& r) { REQUIRE(r.next_key(&r.tx_)); }
-  // Seal and open with OpenSSL's EVP from now on (its key is always set), as on a CPU without VAES.
-  static void use_openssl(Records& r) { r.vaes_ = false; }
-  static bool uses_vaes(const Records& r) { return r.vaes_; }
-};
-}  // namespace comm::tls
-
-namespace {
-
-constexpr uint8_t kHandshakeType = 22, kAppDataType = 23;
-
-struct RecordsPair {
-  posix::Fd a, b;
-  std::unique_ptr<tls::Records> sender, receiver;  // on a, on b
-};
-
-// receiver_is_client: the receiver is the TLS client (the one that takes a NewSessionTicket).
-void make_records_pair(RecordsPair* p, bool receiver_is_client) {
-  tcp_pair(&p->a, &p->b);
-  const std::string one(32, '\x11'), two(32, '\x22');
-  std::string why;
-  p->sender = tls::Records::create(p->a.get(), !receiver_is_client, one, two, &why);
-  REQUIRE(p->sender);
-  p->receiver = tls::Records::create(p->b.get(), receiver_is_client, two, one, &why);
-  REQUIRE(p->receiver);
-}
-
-std::vector<uint8_t> key_update(uint8_t requested) { return {24, 0, 0, 1, requested}; }
-
-// A NewSessionTicket (type 4) whose body is `body_bytes` of filler.
-std::vector<uint8_t> ticket(size_t body_bytes) {
-  std::vector<uint8_t> m(4 + body_bytes, 0x7e);
-  m[0] = 4;
-  m[1] = static_cast<uint8_t>(body_bytes >> 16);
-  m[2] = static_cast<uint8_t>(body_bytes >> 8);
-  m[3] = static_cast<uint8_t>(body_bytes);
-  return m;
-}
-
-std::vector<uint8_t> cat(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
-  std::vector<uint8_t> r(a.size() + b.size());
-  std::memcpy(r.data(), a.data(), a.size());
-  std::memcpy(r.data() + a.size(), b.data(), b.size());
-  return r;
-}
-std::vector<uint8_t> slice(const std::vector<uint8_t>& v, size_t from, size_t to) {
-  const auto begin = v.begin();
-  return std::vector<uint8_t>(begin + static_cast<std::ptrdiff_t>(from), begin + static_cast<std::ptrdiff_t>(to));
-}
-
-// Sealed records onto the sender's socket as they are (a fresh connection's buffer takes them).
-void send_records(RecordsPair& p, const std::vector<std::vector<uint8_t>>& records) {
-  std::vector<uint8_t> wire;
-  for (const auto& r : records) wire.insert(wire.end(), r.begin(), r.end());
-  REQUIRE(::send(p.a.get(), wire.data(), wire.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(wire.size()));
-}
-
-// Then `text` through the sender's writev, as application data.
-void send_text(tls::Records& r, const std::string& text) {
-  const iovec iov{const_cast<char*>(text.data()), text.size()};
-  REQUIRE(r.writev(&iov, 1) == static_cast<ssize_t>(text.size()));
-}
-
-struct ReadOutcome {
-  std::string got;
-  int err = 0;  // the errno of a read that failed (not EAGAIN); 0: none failed
-  std::string why;
-};
-
-// Reads until `want` bytes came, a read failed or 10 s went by.
-ReadOutcome read_until(tls::Records& r, size_t want) {
-  ReadOutcome o;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (o.got.size() < want && std::chrono::steady_clock::now() < until) {
-    char buf[4096];
-    const ssize_t n = r.read(buf, sizeof buf);
-    if (n > 0) {
-      o.got.append(buf, static_cast<size_t>(n));
-    } else if (n == 0) {
-      o.err = -1;  // a close
-      break;
-    } else if (errno == EAGAIN) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    } else {
-      o.err = errno;
-      o.why = r.why();
-      break;
-    }
-  }
-  return o;
-}
-
-}  // namespace
+// way. Records of any content type are sealed by Records' own code (tls_test_support.h).
 
 // RFC 8446 section 5.1: a handshake message may be fragmented across records. The key moves when
 // the record that completes the KeyUpdate ends; update_requested makes the receiver update too.
@@ -649,18 +491,16 @@ TEST_CASE("libcomm's TLS records: a client takes a NewSessionTicket coalesced or
   CHECK(o.got == "under the next key");
 }
 
-// A host whose CPU runs libcomm's VAES AES-GCM and one whose does not (OpenSSL's EVP) talk: each
-// opens what the other sealed, in both directions, across KeyUpdates (every 4 records here) and
-// records cut at odd sizes. The primitives agree byte for byte (test_aes_gcm.cc); this checks the
-// records around them (nonce, header as additional data, content type) agree too.
-TEST_CASE("libcomm's TLS records: a VAES end and an OpenSSL end read each other", "[tls]") {
+// A host whose records use ipsec-mb and one whose use OpenSSL's EVP talk: each opens what the
+// other sealed, in both directions, across KeyUpdates (every 4 records here) and records cut at
+// odd sizes. The engines agree byte for byte (test_gcm.cc); this checks the records around them
+// (nonce, header as additional data, content type) agree too. Where ipsec-mb does not load, its
+// meson test says SKIP (tests/base/meson.build).
+TEST_CASE("libcomm's TLS records: an ipsec-mb end and an OpenSSL end read each other", "[ipsec-mb]") {
+  REQUIRE(tls::gcm::ipsec_mb_usable(nullptr, nullptr));
   RecordsPair p;
-  make_records_pair(&p, true);
-  if (!tls::RecordsTestAccess::uses_vaes(*p.sender)) {
-    WARN("this CPU has no VAES (or COMM_TLS_AES=openssl): both ends use OpenSSL's EVP here");
-  }
+  make_records_pair(&p, true, tls::gcm::Engine::kIpsecMb, tls::gcm::Engine::kOpenSsl);
   RecordsPerKey few(4);
-  tls::RecordsTestAccess::use_openssl(*p.receiver);
   for (tls::Records* from : {p.sender.get(), p.receiver.get()}) {
     tls::Records* to = from == p.sender.get() ? p.receiver.get() : p.sender.get();
     std::vector<uint8_t> text(300007);

@@ -79,8 +79,8 @@ class Scripts(unittest.TestCase):
 
     def test_nothing_missing_installs_nothing(self):
         everything = TEST_ONLY | {"meson", "ninja-build", "pkg-config", "g++", "libhwloc-dev", "libucx-dev",
-                                  "libibverbs-dev", "nlohmann-json3-dev", "libssl-dev",
-                                  "prometheus-cpp-dev"}
+                                  "libibverbs-dev", "nlohmann-json3-dev", "libssl-dev", "libipsec-mb-dev",
+                                  "libipsec-mb1", "prometheus-cpp-dev"}
         calls = self.run_script("test.sh", installed=everything, configured=True)
         self.assertFalse(any(c[0] == "apt-get" for c in calls), calls)
         self.assertFalse(any("--reconfigure" in c for c in calls), calls)

@@ -11,6 +11,7 @@ constexpr size_t kMessageHeader = 4;
 
 bool HandshakeMessages::take(const uint8_t* p, size_t n, Outcome* out, std::string* why) {
   *out = Outcome{};
+  out->alert = kUnexpectedMessageAlert;
   if (n == 0) {  // section 5.1: never a zero-length handshake fragment
     *why = "read: an empty handshake record (RFC 8446 section 5.1, unexpected_message)";
     return false;
@@ -28,11 +29,13 @@ bool HandshakeMessages::take(const uint8_t* p, size_t n, Outcome* out, std::stri
       return false;
     }
     if (len > kMaxMessage) {
+      out->alert = kDecodeErrorAlert;
       *why = "read: a handshake message of type " + std::to_string(type) + " declares " + std::to_string(len) +
              " bytes, more than the " + std::to_string(kMaxMessage) + " accepted after the handshake";
       return false;
     }
     if (type == kKeyUpdate && len != 1) {
+      out->alert = kDecodeErrorAlert;
       *why = "read: a KeyUpdate of " + std::to_string(len) + " bytes (RFC 8446 section 4.6.3, decode_error)";
       return false;
     }
@@ -41,6 +44,7 @@ bool HandshakeMessages::take(const uint8_t* p, size_t n, Outcome* out, std::stri
     at += kMessageHeader + len;
     if (type == kNewSessionTicket) continue;  // a server's ticket to this client: not used (no resumption)
     if (body[0] > 1) {
+      out->alert = kIllegalParameterAlert;
       *why = "read: a KeyUpdate asking " + std::to_string(body[0]) + " (RFC 8446 section 4.6.3, illegal_parameter)";
       return false;
     }

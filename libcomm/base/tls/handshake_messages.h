@@ -22,9 +22,13 @@ class HandshakeMessages {
   // than this is refused at its header, before its bytes are held.
   static constexpr size_t kMaxMessage = 64 * 1024;
 
+  // The alerts (section 6.2) a refusal names, for the caller to send.
+  static constexpr uint8_t kUnexpectedMessageAlert = 10, kIllegalParameterAlert = 47, kDecodeErrorAlert = 50;
+
   struct Outcome {
     bool key_update = false;        // a whole KeyUpdate ended this record: move the peer's key now
     bool update_requested = false;  // ... with update_requested: this end updates its own too
+    uint8_t alert = 0;              // take() refused: the alert to send
   };
 
   explicit HandshakeMessages(bool client) : client_(client) {}

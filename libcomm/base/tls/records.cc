@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "log.h"
-#include "params.h"
+#include "posix/fork_generation.h"
 
 namespace comm::tls {
 namespace {
@@ -26,7 +26,10 @@ constexpr size_t kBatch = 16;
 constexpr size_t kInBytes = 256 * 1024 + kHeader + kMaxCipher;
 constexpr uint8_t kAppData = 23, kAlert = 21, kHandshake = 22;
 constexpr uint8_t kKeyUpdate = 24;
-constexpr uint64_t kMaxRecordsPerKey = 23726566;  // 2^24.5, AES-GCM's limit (section 5.5)
+// Alerts (section 6): their levels and the descriptions sent here.
+constexpr uint8_t kWarning = 1, kFatal = 2;
+constexpr uint8_t kCloseNotify = 0, kUnexpectedMessage = 10, kBadRecordMac = 20, kRecordOverflow = 22,
+                  kInternalError = 80;
 
 // HKDF-Expand-Label(secret, label, "", len) with SHA-256 (RFC 8446 section 7.1); len <= 32.
 // Empty if HMAC fails (the callers then fail: never a key from uninitialised bytes).
@@ -73,43 +76,33 @@ void for_each_span(const iovec* iov, int n, size_t skip, size_t len, Take take) 
   }
 }
 
-// COMM_TLS_AES, read once per process: "auto" seals and opens with tls/aes_gcm_vaes.h where the
-// CPU runs it (about twice OpenSSL 3.0's AES-GCM speed without AVX-512: docs/benchmarks.md),
-// "openssl" always with OpenSSL's EVP (to compare, or to rule the VAES code out).
-bool vaes_chosen() {
-  static const bool chosen = [] {
-    std::string how;
-    const Status st = params::get_string("COMM_TLS_AES", &how);
-    if (!st.ok()) {
-      COMM_LOG(kWarn, kNet, "%s; the records use OpenSSL's AES-GCM", st.message().c_str());
-      return false;
-    }
-    for (auto& c : how) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-    const bool vaes = how != "openssl" && gcm::cpu_has_vaes();
-    COMM_LOG(kInfo, kNet, "TLS records: AES-128-GCM by %s (COMM_TLS_AES=%s)",
-             vaes ? "libcomm's VAES/VPCLMULQDQ code" : "OpenSSL's EVP", how.c_str());
-    return vaes;
+// Says once per process which AES-GCM code seals and opens the records (COMM_DEBUG=INFO).
+void say_engine_once() {
+  static const bool said = [] {
+    std::string why;
+    gcm::chosen_engine(&why);
+    COMM_LOG(kInfo, kNet, "TLS records: AES-128-GCM by %s", why.c_str());
+    return true;
   }();
-  return chosen;
+  (void)said;
 }
 
 }  // namespace
 
 uint64_t Records::records_per_key = uint64_t{1} << 23;
+uint64_t Records::max_records_per_key = 23726566;  // 2^24.5
 
 std::unique_ptr<Records> Records::create(int fd, bool client, const std::string& tx_secret,
-                                         const std::string& rx_secret, std::string* why) {
+                                         const std::string& rx_secret, std::string* why, gcm::Engine engine) {
+  say_engine_once();
   std::unique_ptr<Records> r(new Records());
   r->fd_ = fd;
+  r->fork_generation_ = posix::fork_generation();
   r->handshake_ = HandshakeMessages(client);
-  r->vaes_ = vaes_chosen();
-  r->tx_.ctx = EVP_CIPHER_CTX_new();
-  r->rx_.ctx = EVP_CIPHER_CTX_new();
-  if (r->tx_.ctx == nullptr || r->rx_.ctx == nullptr ||
-      EVP_EncryptInit_ex(r->tx_.ctx, EVP_aes_128_gcm(), nullptr, nullptr, nullptr) != 1 ||
-      EVP_DecryptInit_ex(r->rx_.ctx, EVP_aes_128_gcm(), nullptr, nullptr, nullptr) != 1 ||
-      !r->set_key(&r->tx_, tx_secret) || !r->set_key(&r->rx_, rx_secret)) {
-    *why = "TLS: cannot set up AES-128-GCM for the records";
+  r->tx_.cipher = gcm::Cipher::create(engine);
+  r->rx_.cipher = gcm::Cipher::create(engine);
+  if (!r->tx_.cipher || !r->rx_.cipher || !r->set_key(&r->tx_, tx_secret) || !r->set_key(&r->rx_, rx_secret)) {
+    *why = std::string("TLS: cannot set up AES-128-GCM (") + gcm::engine_name(engine) + ") for the records";
     return nullptr;
   }
   // Buffers grow with what a connection carries (a store connection's frames are small, a data
@@ -120,13 +113,13 @@ std::unique_ptr<Records> Records::create(int fd, bool client, const std::string&
 }
 
 Records::~Records() {
-  EVP_CIPHER_CTX_free(tx_.ctx);
-  EVP_CIPHER_CTX_free(rx_.ctx);
   OPENSSL_cleanse(tx_.secret.data(), tx_.secret.size());
   OPENSSL_cleanse(rx_.secret.data(), rx_.secret.size());
-  OPENSSL_cleanse(&tx_.vaes, sizeof tx_.vaes);
-  OPENSSL_cleanse(&rx_.vaes, sizeof rx_.vaes);
+  // The ciphers wipe their keys; the plaintext held for the caller goes too.
+  OPENSSL_cleanse(plain_.data(), plain_.size());
 }
+
+bool Records::forked() const { return fork_generation_ != posix::fork_generation(); }
 
 bool Records::set_key(Direction* d, const std::string& secret) {
   if (secret.size() != 32) return false;
@@ -135,10 +128,8 @@ bool Records::set_key(Direction* d, const std::string& secret) {
   std::string key = expand_label(secret, "key", 16);
   std::string iv = expand_label(secret, "iv", 12);
   const bool ok = key.size() == 16 && iv.size() == 12 &&
-                  EVP_CipherInit_ex(d->ctx, nullptr, nullptr, reinterpret_cast<const unsigned char*>(key.data()),
-                                    nullptr, -1) == 1;
+                  d->cipher->set_key(reinterpret_cast<const uint8_t*>(key.data()));
   if (ok) std::memcpy(d->iv, iv.data(), sizeof d->iv);
-  if (ok && vaes_) gcm::expand_key(&d->vaes, reinterpret_cast<const uint8_t*>(key.data()));
   OPENSSL_cleanse(key.data(), key.size());
   OPENSSL_cleanse(iv.data(), iv.size());
   d->seq = 0;
@@ -155,11 +146,30 @@ bool Records::next_key(Direction* d) {
 
 // A failure is for good: every later read and write returns it, so no record after one that
 // failed to open (or an alert) is ever taken as the next one.
-ssize_t Records::fail(const std::string& what) {
-  if (!broken_) why_ = "TLS " + what;
+ssize_t Records::fail(const std::string& what, uint8_t alert) {
+  if (!broken_) {
+    why_ = "TLS " + what;
+    if (alert != 0) send_alert(kFatal, alert);  // the peer learns why before the connection goes
+  }
   broken_ = true;
   errno = EPROTO;
   return -1;
+}
+
+// One alert record, sent where the stream is between records and the socket takes it at once:
+// it must never block, nor cut into a record part sent (the peer would read garbage instead).
+void Records::send_alert(uint8_t level, uint8_t description) {
+  if (sent_close_ || forked() || out_sent_ != out_len_) return;
+  sent_close_ = true;
+  const uint8_t alert[2] = {level, description};
+  const iovec iov{const_cast<uint8_t*>(alert), sizeof alert};
+  uint8_t record[kHeader + sizeof alert + 1 + kTag];
+  const size_t n = seal(kAlert, &iov, 1, 0, sizeof alert, record);
+  if (n > 0) (void)!::send(fd_, record, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void Records::close_notify() {
+  if (!broken_) send_alert(kWarning, kCloseNotify);
 }
 
 // One record: `len` bytes of the iovecs from byte `skip` on, then the content type, sealed into
@@ -174,36 +184,28 @@ size_t Records::seal(uint8_t type, const iovec* iov, int n, size_t skip, size_t 
   out[4] = static_cast<uint8_t>((inner + kTag) & 0xff);
   uint8_t nonce[12];
   nonce_of(tx_.iv, tx_.seq++, nonce);
-  if (vaes_) {
-    // Straight from each iovec into out: no gather copy (the stream carries a block cut by an
-    // iovec's end over to the next).
-    gcm::Stream gcm(tx_.vaes, nonce, out, kHeader);
-    uint8_t* at = out + kHeader;
-    for_each_span(iov, n, skip, len, [&](const uint8_t* p, size_t k) {
-      gcm.encrypt(p, at, k);
-      at += k;
-    });
-    gcm.encrypt(&type, at, 1);
-    gcm.tag(at + 1);
-    return kHeader + inner + kTag;
-  }
-  int outl = 0;
-  bool ok = EVP_EncryptInit_ex(tx_.ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
-            EVP_EncryptUpdate(tx_.ctx, nullptr, &outl, out, kHeader) == 1;
+  // Straight from each iovec into out: no gather copy (the cipher carries a block cut by an
+  // iovec's end over to the next).
+  gcm::Cipher& c = *tx_.cipher;
+  bool ok = c.begin(nonce, out, kHeader);
   uint8_t* at = out + kHeader;
   for_each_span(iov, n, skip, len, [&](const uint8_t* p, size_t k) {
-    ok = ok && EVP_EncryptUpdate(tx_.ctx, at, &outl, p, static_cast<int>(k)) == 1;
+    ok = ok && c.encrypt(p, at, k);
     at += k;
   });
-  ok = ok && EVP_EncryptUpdate(tx_.ctx, at, &outl, &type, 1) == 1;
-  at += 1;
-  ok = ok && EVP_EncryptFinal_ex(tx_.ctx, at, &outl) == 1 &&
-       EVP_CIPHER_CTX_ctrl(tx_.ctx, EVP_CTRL_AEAD_GET_TAG, kTag, at) == 1;
+  ok = ok && c.encrypt(&type, at, 1) && c.seal_tag(at + 1);
   return ok ? kHeader + inner + kTag : 0;
 }
 
 ssize_t Records::writev(const iovec* iov, int n) {
   if (broken_) return fail("");
+  if (forked()) return fail("write: this connection was made before the process forked; a child must not use it "
+                            "(its sequence numbers would seal under nonces the parent uses)");
+  if (sent_close_) {
+    why_ = "TLS write after this end's close_notify";
+    errno = EPIPE;
+    return -1;
+  }
   size_t total = 0;
   for (int i = 0; i < n; ++i) total += iov[i].iov_len;
   if (owed_ > total) {  // records sealed from bytes this call does not offer again
@@ -243,11 +245,13 @@ ssize_t Records::writev(const iovec* iov, int n) {
     if (key_update_due_ || ask_peer_update_ || tx_.seq >= records_per_key) {
       // The KeyUpdate goes under the old key, the records after it under the new one. With
       // update_requested the peer moves its own key too (its records under one key near the
-      // limit: a peer on OpenSSL's records never updates unasked).
-      const uint8_t msg[5] = {kKeyUpdate, 0, 0, 1, ask_peer_update_ ? uint8_t{1} : uint8_t{0}};
+      // limit: a peer on OpenSSL's records never updates unasked) -- but never in the answer to
+      // the peer's request (section 4.6.3), which moved the peer's key already.
+      const bool request = ask_peer_update_ && !key_update_due_;
+      const uint8_t msg[5] = {kKeyUpdate, 0, 0, 1, request ? uint8_t{1} : uint8_t{0}};
       const iovec m{const_cast<uint8_t*>(msg), sizeof msg};
       const size_t sealed = seal(kHandshake, &m, 1, 0, sizeof msg, out_.data());
-      if (sealed == 0 || !next_key(&tx_)) return fail("write: the key update failed");
+      if (sealed == 0 || !next_key(&tx_)) return fail("write: the key update failed", kInternalError);
       at += sealed;
       key_update_due_ = false;
       ask_peer_update_ = false;
@@ -255,7 +259,7 @@ ssize_t Records::writev(const iovec* iov, int n) {
     for (size_t r = 0; r < kBatch && done + owed_ < total && tx_.seq < records_per_key; ++r) {
       const size_t len = std::min(kMaxPlain, total - done - owed_);
       const size_t sealed = seal(kAppData, iov, n, done + owed_, len, out_.data() + at);
-      if (sealed == 0) return fail("write: the cipher failed to seal a record");
+      if (sealed == 0) return fail("write: the cipher failed to seal a record", kInternalError);
       at += sealed;
       owed_ += len;
     }
@@ -309,10 +313,10 @@ ssize_t Records::check_header() {
   const uint8_t* rec = in_.data() + in_off_;
   const size_t len = be16(rec + 3);
   if (rec[0] != kAppData || rec[1] != 0x03 || rec[2] != 0x03)
-    return fail("read: not a TLS 1.3 record (garbage on the connection?)");
+    return fail("read: not a TLS 1.3 record (garbage on the connection?)", kUnexpectedMessage);
   // Section 5.2 and 5.4: the content, its type byte and the tag; AES-GCM adds nothing else.
   if (len < kTag + 1 || len > kMaxPlain + 1 + kTag)
-    return fail("read: a record of " + std::to_string(len) + " bytes (record_overflow)");
+    return fail("read: a record of " + std::to_string(len) + " bytes (record_overflow)", kRecordOverflow);
   return 0;
 }
 
@@ -321,42 +325,39 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
   const uint8_t* rec = in_.data() + in_off_;
   const size_t len = be16(rec + 3);
   const size_t inner = len - kTag;
-  const bool direct = room >= inner - 1;
+  // A peer must update its key before AES-GCM's limit (section 5.5): ask it at records_per_key
+  // (with our next write: a peer on OpenSSL's records never updates unasked). Past the limit the
+  // fault is its sender's (kernel TLS that cannot rekey updates never): warned about, not failed.
+  if (rx_.seq == records_per_key) ask_peer_update_ = true;
+  if (rx_.seq >= max_records_per_key && !warned_key_limit_) {
+    warned_key_limit_ = true;
+    COMM_WARN(kNet,
+              "TLS: the peer has sent %llu records under one key without updating it, past AES-GCM's limit "
+              "(RFC 8446 section 5.5); its sender cannot rekey (kernel TLS on a kernel without TLS key updates?). "
+              "Going on; upgrade that host's kernel or run it without kernel TLS",
+              static_cast<unsigned long long>(rx_.seq));
+  }
+  uint8_t nonce[12];
+  nonce_of(rx_.iv, rx_.seq++, nonce);
+  // Straight into the caller's buffer only what is certainly its data: a record whose last byte is
+  // the application-data type has no padding (section 5.4) and its content fills exactly the count
+  // returned. The last byte is decrypted alone first to know (unauthenticated: it only chooses
+  // where to open); padding, a handshake message or an alert go to plain_, never past the count.
+  uint8_t peek = 0;
+  if (!rx_.cipher->peek_byte(nonce, inner - 1, rec[kHeader + inner - 1], &peek))
+    return fail("read: the cipher failed", kInternalError);
+  const bool direct = peek == kAppData && room >= inner - 1;
   uint8_t* out = dst;
   if (!direct) {
     if (plain_.size() < inner) plain_.resize(inner);
     out = plain_.data();
   }
-  // A peer must update its key before AES-GCM's limit (section 5.5): ask it at records_per_key
-  // (with our next write: a peer on OpenSSL's records never updates unasked), refuse past the limit.
-  if (rx_.seq >= kMaxRecordsPerKey)
-    return fail("read failed: the peer sent " + std::to_string(rx_.seq) +
-                " records under one key without updating it (RFC 8446 section 5.5)");
-  if (rx_.seq == records_per_key) ask_peer_update_ = true;
-  uint8_t nonce[12];
-  nonce_of(rx_.iv, rx_.seq++, nonce);
-  uint8_t last = 0, none[16];
-  int outl = 0;
-  bool authentic = false;
-  if (vaes_) {
-    // Decrypted into out before the tag is checked, as OpenSSL's EVP does: on a mismatch below
-    // out is wiped and the record refused, so no unauthenticated byte is handed out.
-    gcm::Stream gcm(rx_.vaes, nonce, rec, kHeader);
-    gcm.decrypt(rec + kHeader, out, inner - 1);
-    gcm.decrypt(rec + kHeader + inner - 1, &last, 1);
-    uint8_t tag[kTag];
-    gcm.tag(tag);
-    authentic = CRYPTO_memcmp(tag, rec + kHeader + inner, kTag) == 0;  // constant time
-    OPENSSL_cleanse(tag, sizeof tag);
-  } else {
-    const bool decrypted = EVP_DecryptInit_ex(rx_.ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
-                           EVP_DecryptUpdate(rx_.ctx, nullptr, &outl, rec, kHeader) == 1 &&
-                           EVP_DecryptUpdate(rx_.ctx, out, &outl, rec + kHeader, static_cast<int>(inner - 1)) == 1 &&
-                           EVP_DecryptUpdate(rx_.ctx, &last, &outl, rec + kHeader + inner - 1, 1) == 1 &&
-                           EVP_CIPHER_CTX_ctrl(rx_.ctx, EVP_CTRL_AEAD_SET_TAG, kTag,
-                                               const_cast<uint8_t*>(rec + kHeader + inner)) == 1;
-    authentic = decrypted && EVP_DecryptFinal_ex(rx_.ctx, none, &outl) == 1;
-  }
+  // Decrypted into out before the tag is checked (as every streaming GCM does): on a mismatch
+  // below out is wiped and the record refused, so no unauthenticated byte is handed out.
+  uint8_t last = 0;
+  gcm::Cipher& c = *rx_.cipher;
+  const bool authentic = c.begin(nonce, rec, kHeader) && c.decrypt(rec + kHeader, out, inner - 1) &&
+                         c.decrypt(rec + kHeader + inner - 1, &last, 1) && c.open_tag(rec + kHeader + inner);
   in_off_ += kHeader + len;
   in_len_ -= kHeader + len;
   if (in_len_ == 0) in_off_ = 0;
@@ -364,23 +365,25 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
     // Nothing unauthenticated stays in the caller's buffer (or ours).
     OPENSSL_cleanse(out, inner - 1);
     plain_len_ = 0;
-    return fail("read failed: a record does not authenticate (bad record mac): altered in transit, or another key");
+    return fail("read failed: a record does not authenticate (bad record mac): altered in transit, or another key",
+                kBadRecordMac);
   }
   // The content type is the last byte that is not padding (section 5.4).
   size_t content = inner - 1;
   uint8_t type = last;
   while (type == 0 && content > 0) type = out[--content];
-  if (type == 0) return fail("read: a record with no content type");
+  if (type == 0) return fail("read: a record with no content type", kUnexpectedMessage);
   // Section 5.1: nothing between the records of a fragmented handshake message. An alert is
   // still read as one, so that the peer's reason is named (a close_notify ends the stream there).
   if (type != kHandshake && type != kAlert && handshake_.mid_message()) {
     OPENSSL_cleanse(out, content);
     plain_len_ = 0;
     return fail("read: a record of content type " + std::to_string(type) +
-                " between the fragments of a handshake message (RFC 8446 section 5.1, unexpected_message)");
+                    " between the fragments of a handshake message (RFC 8446 section 5.1, unexpected_message)",
+                kUnexpectedMessage);
   }
   if (type == kAppData) {
-    if (direct) return static_cast<ssize_t>(content);
+    if (direct) return static_cast<ssize_t>(content);  // == inner - 1: no padding (the peek)
     plain_len_ = content;  // read() hands it out from plain_off_
     plain_off_ = 0;
     return 0;
@@ -388,7 +391,7 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
   plain_len_ = 0;
   if (type == kHandshake) {
     const ssize_t r = handshake_record(out, content);
-    OPENSSL_cleanse(out, content);  // not the caller's data: not left in its buffer
+    OPENSSL_cleanse(out, content);
     return r;
   }
   uint8_t alert[2] = {0, 0};
@@ -398,7 +401,8 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
     if (content == 2 && alert[1] == 0) return -2;  // close_notify
     return fail("read failed: the peer sent TLS alert " + std::to_string(alert[1]));
   }
-  return fail("read: an unexpected record of content type " + std::to_string(type) + " after the handshake");
+  return fail("read: an unexpected record of content type " + std::to_string(type) + " after the handshake",
+              kUnexpectedMessage);
 }
 
 // One record's handshake messages (tls/handshake_messages.h): a KeyUpdate that ends it moves the
@@ -406,9 +410,10 @@ ssize_t Records::open_one(uint8_t* dst, size_t room) {
 ssize_t Records::handshake_record(const uint8_t* content, size_t n) {
   HandshakeMessages::Outcome got;
   std::string why;
-  if (!handshake_.take(content, n, &got, &why)) return fail(why);
+  if (!handshake_.take(content, n, &got, &why)) return fail(why, got.alert);
   if (got.key_update) {
-    if (!next_key(&rx_)) return fail("read: the key update failed");
+    if (!next_key(&rx_)) return fail("read: the key update failed", kInternalError);
+    ask_peer_update_ = false;  // the peer's key just moved
     if (got.update_requested) key_update_due_ = true;  // ours goes with the next write
   }
   return 0;
@@ -416,6 +421,7 @@ ssize_t Records::handshake_record(const uint8_t* content, size_t n) {
 
 ssize_t Records::read(void* buf, size_t n) {
   if (broken_) return fail("");
+  if (forked()) return fail("read: this connection was made before the process forked; a child must not use it");
   if (closed_) return 0;  // after close_notify nothing more is read (section 6.1)
   auto* dst = static_cast<uint8_t*>(buf);
   size_t total = 0;
@@ -425,7 +431,10 @@ ssize_t Records::read(void* buf, size_t n) {
       std::memcpy(dst + total, plain_.data() + plain_off_, k);
       total += k;
       plain_off_ += k;
-      if (plain_off_ == plain_len_) plain_off_ = plain_len_ = 0;
+      if (plain_off_ == plain_len_) {  // all handed out: no copy of the caller's data stays here
+        OPENSSL_cleanse(plain_.data(), plain_len_);
+        plain_off_ = plain_len_ = 0;
+      }
       continue;
     }
     if (whole_record_held()) {

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "log.h"
 #include "params.h"
 #include "posix/fd.h"
+#include "posix/fork_generation.h"
 #include "tls/records.h"
 
 #ifndef TCP_ULP
@@ -133,8 +135,12 @@ std::string psk_from_secret(const std::string& secret, const std::string& contex
   unsigned int len = sizeof out;
   HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(msg.data()),
        msg.size(), out, &len);
-  return std::string(reinterpret_cast<const char*>(out), len);
+  std::string key(reinterpret_cast<const char*>(out), len);
+  OPENSSL_cleanse(out, sizeof out);
+  return key;
 }
+
+Config::~Config() { OPENSSL_cleanse(psk.data(), psk.size()); }
 
 Status enabled_from_env(bool* enabled) {
   int64_t on = 0;
@@ -188,13 +194,19 @@ Status Context::create(const Config& config, std::shared_ptr<Context>* out) {
   SSL_CTX_set_num_tickets(ctx, 0);
   // A peer that is killed closes without close_notify: that is a close (the callers name the
   // peer), not a TLS error; frames carry their own lengths, so truncation is still seen.
-  SSL_CTX_set_options(ctx, SSL_OP_ENABLE_KTLS | SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_TICKET);
+  SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_TICKET);
   // A write returns after each record that went out, like send(2) on a full socket buffer.
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  // Without kernel TLS, read ahead: one recv(2) takes several records at once instead of two
-  // per record (header, then body); what it takes beyond the caller's bytes is pending() (and
-  // poll() does not see it). Kernel receive needs it off.
-  if (!kernel_tls_available(nullptr)) {
+  c->engine_ = config.engine;
+  if (kernel_tls_available(nullptr)) {
+    // Kernel TLS only here: a context whose sessions seal libcomm's records must never let OpenSSL
+    // hand the same keys to the kernel (a kernel that gained TLS after the probe would seal the
+    // same sequence numbers again).
+    SSL_CTX_set_options(ctx, SSL_OP_ENABLE_KTLS);
+  } else {
+    // Read ahead: one recv(2) takes several records at once instead of two per record (header,
+    // then body); what it takes beyond the caller's bytes is pending() (and poll() does not see
+    // it). Kernel receive needs it off.
     SSL_CTX_set_read_ahead(ctx, 1);
     SSL_CTX_set_default_read_buffer_len(ctx, 128 * 1024);
     // And the records are libcomm's after the handshake (tls/records.h): OpenSSL hands over the
@@ -229,7 +241,12 @@ Status Context::create(const Config& config, std::shared_ptr<Context>* out) {
   return Status::Ok();
 }
 
-Context::~Context() { SSL_CTX_free(ctx_); }
+Context::~Context() {
+  SSL_CTX_free(ctx_);
+  OPENSSL_cleanse(psk_.data(), psk_.size());
+}
+
+bool Session::pretend_kernel_send = false;
 
 Status Session::create(std::shared_ptr<Context> ctx, int fd, Role role, std::unique_ptr<Session>* out) {
   std::unique_ptr<Session> s(new Session());
@@ -239,6 +256,7 @@ Status Session::create(std::shared_ptr<Context> ctx, int fd, Role role, std::uni
     return SystemError("TLS: cannot start a session: " + openssl_errors());
   s->ctx_ = std::move(ctx);
   s->role_ = role;
+  s->fork_generation_ = posix::fork_generation();
   SSL_set_app_data(s->ssl_, s.get());  // for keylog()
   if (role == Role::kClient) SSL_set_connect_state(s->ssl_);
   else SSL_set_accept_state(s->ssl_);
@@ -247,6 +265,18 @@ Status Session::create(std::shared_ptr<Context> ctx, int fd, Role role, std::uni
 }
 
 Session::~Session() {
+  // A graceful end says so (section 6.1): the peer then tells it from a cut stream. Never blocks,
+  // never after a failure, never in a forked child (the parent still owns the connection).
+  if (!forked()) {
+    if (records_) {
+      records_->close_notify();
+    } else if (ssl_ != nullptr && SSL_is_init_finished(ssl_) == 1 && !failed_ && !write_held_) {
+      NoSigpipe no_sigpipe;
+      ERR_clear_error();
+      (void)SSL_shutdown(ssl_);
+      ERR_clear_error();
+    }
+  }
   records_.reset();
   SSL_free(ssl_);
   OPENSSL_cleanse(client_secret_.data(), client_secret_.size());
@@ -280,7 +310,11 @@ void Session::keylog(const SSL* ssl, const char* line) {
 // above), no key update (a reused nonce would break AES-GCM outright).
 void Session::take_records() {
   const SSL_CIPHER* cipher = SSL_get_current_cipher(ssl_);
-  const bool eligible = !records_ && ctx_->own_records() && cipher != nullptr &&
+  const bool kernel = kernel_send() || kernel_recv();
+  if (kernel && ctx_->own_records())
+    COMM_WARN(kNet, "TLS: the kernel took this connection's records after the handshake although libcomm asked "
+              "for none; libcomm leaves them to the kernel (never two sealers under one key)");
+  const bool eligible = !records_ && !kernel && ctx_->own_records() && cipher != nullptr &&
                         (SSL_CIPHER_get_id(cipher) & 0xffff) == 0x1301 && SSL_has_pending(ssl_) == 0 &&
                         SSL_get_num_tickets(ssl_) == 0 && SSL_get_key_update_type(ssl_) == SSL_KEY_UPDATE_NONE &&
                         client_secret_.size() == 32 && server_secret_.size() == 32;
@@ -288,7 +322,7 @@ void Session::take_records() {
   std::string why;
   if (eligible) {
     records_ = Records::create(SSL_get_fd(ssl_), client, client ? client_secret_ : server_secret_,
-                               client ? server_secret_ : client_secret_, &why);
+                               client ? server_secret_ : client_secret_, &why, ctx_->engine());
     if (!records_) COMM_WARN(kNet, "%s; OpenSSL keeps the records", why.c_str());
   }
   // Wiped on every path: OpenSSL keeps its own copy where it keeps the records.
@@ -311,6 +345,7 @@ ssize_t Session::fail(int ret, const char* what) {
     return -1;
   }
   if (err == SSL_ERROR_ZERO_RETURN) return 0;
+  failed_ = true;  // OpenSSL sends nothing more on this session (no close_notify)
   if (err == SSL_ERROR_SYSCALL) {
     ERR_clear_error();
     if (saved == 0) return 0;  // end of file without close_notify: the peer closed
@@ -318,6 +353,16 @@ ssize_t Session::fail(int ret, const char* what) {
     return -1;
   }
   why_ = std::string("TLS ") + what + " failed: " + openssl_errors();
+  errno = EPROTO;
+  return -1;
+}
+
+bool Session::forked() const { return fork_generation_ != posix::fork_generation(); }
+
+// A session used in a process forked after it was made: refused before a byte is sealed.
+static ssize_t refuse_forked(std::string* why) {
+  *why = "TLS: this connection was made before the process forked; a child must not use it (its sequence numbers "
+         "would seal under nonces the parent uses)";
   errno = EPROTO;
   return -1;
 }
@@ -367,6 +412,7 @@ Status Session::handshake_until(int64_t deadline_ms) {
 }
 
 ssize_t Session::read(void* buf, size_t n) {
+  if (forked()) return refuse_forked(&why_);
   if (records_) return records_result(records_->read(buf, n));
   NoSigpipe no_sigpipe;  // reading may answer (an alert, a key update)
   // Each SSL_read_ex hands out one record at most: go on until n bytes or nothing more is
@@ -392,6 +438,7 @@ ssize_t Session::write(const void* buf, size_t n) {
   // until the socket is full, as send(2) does, so the caller's loop runs once per buffer-full,
   // not once per record. After a would-block the retry starts at the byte that blocked, which
   // is what OpenSSL asks (the same buffer for the record it holds).
+  if (forked()) return refuse_forked(&why_);
   if (records_) {
     const iovec iov{const_cast<void*>(buf), n};
     return records_result(records_->writev(&iov, 1));
@@ -406,17 +453,25 @@ ssize_t Session::write(const void* buf, size_t n) {
     const int r = SSL_write_ex(ssl_, static_cast<const char*>(buf) + total, n - total, &put);
     if (r == 1) {
       total += put;
-      sent_under_key_ += put;
       // OpenSSL 3.0 never updates a key by itself: as records.cc does, move both ends' keys long
-      // before AES-GCM's limit of 2^24.5 records per key (RFC 8446 section 5.5). Asked right
-      // after a write that went out whole, so the KeyUpdate leads the next write.
-      if (sent_under_key_ >= kBytesPerKey) {
-        if (SSL_key_update(ssl_, SSL_KEY_UPDATE_REQUESTED) != 1) {
+      // before AES-GCM's limit of 2^24.5 records per key (RFC 8446 section 5.5), counted in
+      // records, as a receiver counts them: each call sealed at least one, one per 16 KiB.
+      records_under_key_ += std::max<uint64_t>(1, (put + 16383) / 16384);
+      if (records_under_key_ >= Records::records_per_key && !cannot_rekey_) {
+        // Asked right after a write that went out whole, so the KeyUpdate leads the next write.
+        if (SSL_key_update(ssl_, SSL_KEY_UPDATE_REQUESTED) == 1) {
+          records_under_key_ = 0;
+        } else if (kernel_send()) {
+          // A kernel that seals but cannot rekey (before Linux 6.x's TLS 1.3 key updates): the
+          // peer warns past the limit; failing the job would not make this kernel rekey.
+          cannot_rekey_ = true;
+          COMM_WARN(kNet, "TLS: kernel TLS cannot update this connection's key (%s); going on under one key",
+                    openssl_errors().c_str());
+        } else {
           why_ = "TLS write failed: the key update failed: " + openssl_errors();
           errno = EPROTO;
           return -1;
         }
-        sent_under_key_ = 0;
       }
       continue;
     }
@@ -429,6 +484,7 @@ ssize_t Session::write(const void* buf, size_t n) {
 }
 
 ssize_t Session::writev(const iovec* iov, int n) {
+  if (forked()) return refuse_forked(&why_);
   if (records_) return records_result(records_->writev(iov, n));
   size_t total = 0;
   for (int i = 0; i < n; ++i) {
@@ -447,7 +503,13 @@ bool Session::write_owed() const { return records_ ? records_->write_owed() : wr
 
 bool Session::pending() const { return records_ ? records_->pending() : SSL_has_pending(ssl_) == 1; }
 
-bool Session::kernel_send() const { return BIO_get_ktls_send(SSL_get_wbio(ssl_)) == 1; }
+bool Session::kernel_send() const { return pretend_kernel_send || BIO_get_ktls_send(SSL_get_wbio(ssl_)) == 1; }
+
+bool Session::peer_over_key_limit() const { return records_ && records_->peer_over_key_limit(); }
+
+bool Session::peer_closed_cleanly() const {
+  return records_ ? records_->peer_closed_cleanly() : (SSL_get_shutdown(ssl_) & SSL_RECEIVED_SHUTDOWN) != 0;
+}
 
 bool Session::kernel_recv() const { return BIO_get_ktls_recv(SSL_get_rbio(ssl_)) == 1; }
 

@@ -12,11 +12,15 @@
 //   and checks the peer's against the CA; a peer without one, or with one the CA did not sign,
 //   is refused.
 //
-// Kernel TLS: the context asks for it (SSL_OP_ENABLE_KTLS); where the kernel has the "tls"
-// module OpenSSL hands the record keys to it after the handshake and the socket's sends are
-// encrypted by the kernel. Elsewhere OpenSSL makes the handshake and libcomm seals and opens the
-// records (tls/records.h: no copies but the cipher's, many records per system call), as the
-// kernel would; OpenSSL's records remain for a session whose cipher is not TLS_AES_128_GCM_SHA256.
+// Kernel TLS: where the kernel has the "tls" module the context asks for it (SSL_OP_ENABLE_KTLS)
+// and OpenSSL hands the record keys to the kernel after the handshake. Elsewhere OpenSSL makes the
+// handshake and libcomm seals and opens the records (tls/records.h: no copies but the cipher's,
+// many records per system call), as the kernel would; such a context never asks for kernel TLS,
+// and the handover is refused where the kernel took either direction all the same (two sealers
+// under one key would reuse AES-GCM's nonces). OpenSSL's records remain for a session whose cipher
+// is not TLS_AES_128_GCM_SHA256. Every sender of ours updates its key by records sent (records.h).
+// A session made before a fork is refused in the child (its sequence numbers are the parent's).
+// A session closes with close_notify (destructor), so a peer tells a close from a cut stream.
 #pragma once
 
 #include <sys/types.h>
@@ -26,6 +30,7 @@
 #include <string>
 
 #include "status.h"
+#include "tls/gcm.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
@@ -35,6 +40,7 @@ namespace comm::tls {
 class Records;
 
 struct Config {
+  ~Config();  // wipes the PSK
   // PSK mode: the key (psk_from_secret). Empty: certificate mode (the three paths below).
   std::string psk;
   std::string cert_path;  // COMM_TLS_CERT: this end's certificate chain (PEM)
@@ -43,6 +49,8 @@ struct Config {
   // OpenSSL's records even where libcomm would seal its own (tls/records.h): for tests, as a peer
   // with kernel TLS or an older libcomm sends them.
   bool openssl_records = false;
+  // The AES-GCM of libcomm's records (tls/gcm.h): the process's choice unless a test forces one.
+  gcm::Engine engine = gcm::chosen_engine();
 };
 
 // The PSK of a protocol: HMAC-SHA256(secret, "libcomm tls psk" | 0 | context). The context
@@ -68,21 +76,23 @@ Status context_from_env(bool enabled, const std::string& secret, const std::stri
 class Context {
  public:
   static Status create(const Config& config, std::shared_ptr<Context>* out);
-  ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   SSL_CTX* get() const { return ctx_; }
+  ~Context();  // also wipes the PSK
   bool uses_psk() const { return !psk_.empty(); }
   const std::string& psk() const { return psk_; }
   // Sessions seal and open their own records after the handshake (no kernel TLS here).
   bool own_records() const { return own_records_; }
+  gcm::Engine engine() const { return engine_; }
 
  private:
   Context() = default;
   SSL_CTX* ctx_ = nullptr;
   std::string psk_;
   bool own_records_ = false;
+  gcm::Engine engine_ = gcm::Engine::kOpenSsl;
 };
 
 enum class Role { kClient, kServer };
@@ -122,6 +132,12 @@ class Session {
   // Whether the kernel seals (send) / opens (receive) this session's records.
   bool kernel_send() const;
   bool kernel_recv() const;
+  // Tests: kernel_send() answers yes (a kernel that took the sends after the handshake).
+  static bool pretend_kernel_send;
+  // The peer's close_notify came: the stream ended where it meant to (not cut).
+  bool peer_closed_cleanly() const;
+  // libcomm's records: the peer sent more than AES-GCM's limit under one key (warned once).
+  bool peer_over_key_limit() const;
   // Whether libcomm seals and opens them (tls/records.h), after the handshake.
   bool own_records() const { return records_ != nullptr; }
   const std::string& why() const { return why_; }
@@ -141,11 +157,14 @@ class Session {
   Role role_ = Role::kClient;
   std::string why_;
   std::string client_secret_, server_secret_;
-  // OpenSSL's records: plaintext sent since the last key update (write() updates every 2^23
-  // full records' worth, as records.cc does).
-  uint64_t sent_under_key_ = 0;
+  bool forked() const;
+  // OpenSSL's records: records sent since the last key update (write() updates after
+  // Records::records_per_key of them, as records.cc does: a receiver counts records, not bytes).
+  uint64_t records_under_key_ = 0;
+  bool cannot_rekey_ = false;  // a key update failed where the kernel seals (warned once): not tried again
   bool write_held_ = false;  // OpenSSL's records: the last write would block mid-record (write_owed)
-  static constexpr uint64_t kBytesPerKey = (uint64_t{1} << 23) * 16384;
+  bool failed_ = false;      // OpenSSL's records: a fatal error (no close_notify after it)
+  uint64_t fork_generation_ = 0;
   std::unique_ptr<Records> records_;
 };
 
