@@ -314,7 +314,8 @@ class Transport {
   }
   // A message from `peer` met the receive posted for `tag`: straggler detection counts the
   // first of each peer in a collective (common/arrivals.h, which defines it; include it to call).
-  inline void arrived(int peer, const OpTag& tag);
+  // waited = false: it was there when this rank first looked, so this rank did not wait for it.
+  inline void arrived(int peer, const OpTag& tag, bool waited = true);
   // A peer's report (an ERROR frame, a failure in its header) said its wait timed out.
   void peer_timed_out() { peer_reported_timeout_.store(true, std::memory_order_release); }
   Options options_;
