@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What seeing inside a job costs (issue 36): 8 B all-reduce latency and 64 MiB busbw, alternating
-# ROUNDS times between the build before it (BASE_BUILD), this build with straggler detection on (its
+# ROUNDS times between the build before it (BASE_BUILD), this build with detection off
+# (COMM_STRAGGLER_MS=0: what the build itself costs), this build with straggler detection on (its
 # default) and this build with detection on and the metrics plugin serving (scraped every second
 # where the scraper can reach it); medians and the range over the rounds.
 #   BASE_BUILD=/path/to/main/build bench/observe_overhead.sh           # 2 local ranks (shared memory)
@@ -39,13 +40,15 @@ if [[ $MODE == netsim ]]; then small=(-b 8 -e 8 -n 2000 -w 100 -c 0); large=(-b 
 else small=(-b 8 -e 8 -n 20000 -w 1000 -c 0); large=(-b 64M -e 64M -n 20 -w 3 -c 0); fi
 
 for ((r = 1; r <= ROUNDS; r++)); do
-  for setting in base detect metrics; do
+  for setting in base off detect metrics; do
     build=$BUILD_DIR
     [[ $setting == base ]] && build=$BASE_BUILD
     for size in small large; do
       args=("${small[@]}")
       [[ $size == large ]] && args=("${large[@]}")
-      if [[ $setting == metrics ]]; then
+      if [[ $setting == off ]]; then
+        COMM_STRAGGLER_MS=0 launch "$build" "${args[@]}" >"$OUT/$setting-$size-$r.txt" 2>&1
+      elif [[ $setting == metrics ]]; then
         start_scraper
         COMM_METRICS_ADDR=$([[ $MODE == netsim ]] && echo 0.0.0.0 || echo 127.0.0.1):$PORT launch "$build" "${args[@]}" \
           >"$OUT/$setting-$size-$r.txt" 2>&1
@@ -74,7 +77,7 @@ def value(path, col):
 print("| setting | 8 B out-of-place time (us): median (min-max) | vs base | 64 MiB out-of-place busbw (GB/s): median (min-max) | vs base |")
 print("|---|---|---|---|---|")
 base = {}
-for setting in ("base", "detect", "metrics"):
+for setting in ("base", "off", "detect", "metrics"):
     cells = []
     for size, col in (("small", 5), ("large", 7)):
         vals = [v for v in (value(p, col) for p in glob.glob(f"{out}/{setting}-{size}-*.txt")) if v is not None]
