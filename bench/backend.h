@@ -52,6 +52,9 @@ class Backend {
   virtual bool reduce_value(double in, comm_op_t op, double* out) = 0;
   // `bytes` from every rank into `out` (nranks * bytes), in rank order.
   virtual bool gather_bytes(const void* in, size_t bytes, void* out) = 0;
+  // Every collective call made so far, per collective: "allreduce 123 calls 4567 bytes, ..." with
+  // bytes as nccl-tests' size column counts them (what libcomm's metrics count); "" if not kept.
+  virtual std::string calls_made() const { return ""; }
 
   // The last failure's message; abort() makes the other ranks fail fast instead of waiting.
   virtual std::string error() const = 0;

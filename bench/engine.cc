@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <thread>
 #include <set>
 #include <string>
 #include <vector>
@@ -492,6 +493,8 @@ int Engine::run() {
     std::printf("#\n");
   }
   if (opt_.memory_report) memory_report();
+  if (const std::string made = b_.calls_made(); rank_ == 0 && !made.empty())
+    std::printf("# Calls made (this rank, up to here): %s\n", made.c_str());
   if (rank_ == 0) {
     for (const auto& [path, write] : {std::pair{opt_.json_path, 0}, std::pair{opt_.csv_path, 1}}) {
       if (path.empty()) continue;
@@ -506,6 +509,7 @@ int Engine::run() {
   // first rank exits with the failure status of a failed check.
   if (!b_.barrier()) return fail("barrier");
   release_buffers();
+  if (opt_.hold_s > 0) std::this_thread::sleep_for(std::chrono::seconds(opt_.hold_s));
   if (!b_.finish()) {
     std::fprintf(stderr, "# %s: rank %d: finishing failed: %s\n", prog_, rank_, b_.error().c_str());
     return 1;

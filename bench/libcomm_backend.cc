@@ -8,6 +8,7 @@
 
 #include "device_stream.h"
 #include "options.h"
+#include "values.h"
 
 namespace bench {
 namespace {
@@ -77,30 +78,36 @@ class LibcommBackend final : public Backend {
   }
 
   bool allreduce(const void* s, void* r, size_t n, comm_dtype_t dt, comm_op_t op) override {
+    made(kAllreduce, n, dt, 1);
     if (stream_) return on_stream(comm_allreduce(comm_, s, r, n, dt, op, stream_));
     return batching_ ? queue(comm_iallreduce(comm_, s, r, n, dt, op, next()))
                      : ok(comm_allreduce(comm_, s, r, n, dt, op, nullptr));
   }
   bool allgather(const void* s, void* r, size_t n, comm_dtype_t dt) override {
+    made(kAllgather, n, dt, nranks_);
     if (stream_) return on_stream(comm_allgather(comm_, s, r, n, dt, stream_));
     return batching_ ? queue(comm_iallgather(comm_, s, r, n, dt, next())) : ok(comm_allgather(comm_, s, r, n, dt, nullptr));
   }
   bool reduce_scatter(const void* s, void* r, size_t n, comm_dtype_t dt, comm_op_t op) override {
+    made(kReduceScatter, n, dt, nranks_);
     if (stream_) return on_stream(comm_reduce_scatter(comm_, s, r, n, dt, op, stream_));
     return batching_ ? queue(comm_ireduce_scatter(comm_, s, r, n, dt, op, next()))
                      : ok(comm_reduce_scatter(comm_, s, r, n, dt, op, nullptr));
   }
   bool broadcast(const void* s, void* r, size_t n, comm_dtype_t dt, int root) override {
+    made(kBroadcast, n, dt, 1);
     if (stream_) return on_stream(comm_broadcast(comm_, s, r, n, dt, root, stream_));
     return batching_ ? queue(comm_ibroadcast(comm_, s, r, n, dt, root, next()))
                      : ok(comm_broadcast(comm_, s, r, n, dt, root, nullptr));
   }
   bool reduce(const void* s, void* r, size_t n, comm_dtype_t dt, comm_op_t op, int root) override {
+    made(kReduce, n, dt, 1);
     if (stream_) return on_stream(comm_reduce(comm_, s, r, n, dt, op, root, stream_));
     return batching_ ? queue(comm_ireduce(comm_, s, r, n, dt, op, root, next()))
                      : ok(comm_reduce(comm_, s, r, n, dt, op, root, nullptr));
   }
   bool alltoall(const void* s, void* r, size_t n, comm_dtype_t dt) override {
+    made(kAlltoall, n, dt, nranks_);
     if (stream_) return on_stream(comm_alltoall(comm_, s, r, n, dt, stream_));
     return batching_ ? queue(comm_ialltoall(comm_, s, r, n, dt, next())) : ok(comm_alltoall(comm_, s, r, n, dt, nullptr));
   }
@@ -128,15 +135,28 @@ class LibcommBackend final : public Backend {
     return good;
   }
 
-  bool barrier() override { return (!stream_ || device_.sync(&error_)) && ok(comm_barrier(comm_, nullptr)); }
+  bool barrier() override {
+    made(kBarrier, 0, COMM_UINT8, 1);
+    return (!stream_ || device_.sync(&error_)) && ok(comm_barrier(comm_, nullptr)); }
   bool reduce_value(double in, comm_op_t op, double* out) override {
+    made(kAllreduce, 1, COMM_FLOAT64, 1);
     return ok(comm_allreduce(comm_, &in, out, 1, COMM_FLOAT64, op, nullptr));
   }
   bool gather_bytes(const void* in, size_t bytes, void* out) override {
+    made(kAllgather, bytes, COMM_UINT8, nranks_);
     return ok(comm_allgather(comm_, in, out, bytes, COMM_UINT8, nullptr));
   }
 
   std::string error() const override { return error_; }
+  std::string calls_made() const override {
+    std::string out;
+    for (int k = 0; k < kKinds; ++k) {
+      if (made_calls_[k] == 0) continue;
+      out += std::string(out.empty() ? "" : ", ") + kNames[k] + " " + std::to_string(made_calls_[k]) + " calls " +
+             std::to_string(made_bytes_[k]) + " bytes";
+    }
+    return out;
+  }
   void abort() override {
     if (comm_ != nullptr) comm_abort(comm_);
   }
@@ -147,6 +167,17 @@ class LibcommBackend final : public Backend {
   }
 
  private:
+  // The calls made, as libcomm's metrics count them (libcomm_collective_calls_total, _bytes_total).
+  enum Kind { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kReduce, kAlltoall, kBarrier, kKinds };
+  static constexpr const char* kNames[kKinds] = {"allreduce", "allgather", "reduce_scatter", "broadcast",
+                                                 "reduce",    "alltoall",  "barrier"};
+  void made(Kind k, size_t count, comm_dtype_t dt, int times) {
+    ++made_calls_[k];
+    made_bytes_[k] += static_cast<uint64_t>(count) * dtype_info(dt).bytes * static_cast<uint64_t>(times);
+  }
+  uint64_t made_calls_[kKinds] = {};
+  uint64_t made_bytes_[kKinds] = {};
+
   bool ok(comm_status_t s) {
     if (s == COMM_OK) return true;
     error_ = std::string(comm_status_string(s)) + ": " + comm_last_error(comm_);

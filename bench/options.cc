@@ -55,6 +55,7 @@ void usage(FILE* out, const char* prog) {
       "\t[--transport <name>] (libcomm: auto, socket, ...; sets comm_config_t.transport)\n"
       "\t[--algo <name>] (libcomm: COMM_ALGO for this run, e.g. ring, recursive_doubling)\n"
       "\t[--json FILE] [--csv FILE] (results, written by rank 0) [--label TEXT] (the run's name in them)\n"
+      "\t[--hold_s S] (after the sweep, keep the communicator idle S seconds: a metrics scraper reads the totals)\n"
       "\t[--version] [-h,--help]\n"
       "Rank and size come from the launcher (env://): run it under comm-run, torchrun, mpirun or srun.\n",
       prog);
@@ -74,7 +75,7 @@ bool parse_int(const char* text, long min, long max, long* out) {
   return true;
 }
 
-enum LongOnly { kOpName = 1000, kTransport, kAlgo, kJson, kCsv, kLabel, kDevice, kVersion };
+enum LongOnly { kOpName = 1000, kTransport, kAlgo, kJson, kCsv, kLabel, kDevice, kVersion, kHold };
 
 const char* long_name(int c) {
   switch (c) {
@@ -129,6 +130,7 @@ int parse_options(int argc, char** argv, const char* library, Options* opt) {
       {"transport", required_argument, nullptr, kTransport}, {"algo", required_argument, nullptr, kAlgo},
       {"json", required_argument, nullptr, kJson},     {"csv", required_argument, nullptr, kCsv},
       {"label", required_argument, nullptr, kLabel},   {"version", no_argument, nullptr, kVersion},
+      {"hold_s", required_argument, nullptr, kHold},
       {"help", no_argument, nullptr, 'h'},             {nullptr, 0, nullptr, 0},
   };
   opterr = 0;  // one line of our own below, not getopt's and the whole usage
@@ -254,6 +256,10 @@ int parse_options(int argc, char** argv, const char* library, Options* opt) {
       case kJson: opt->json_path = optarg; break;
       case kCsv: opt->csv_path = optarg; break;
       case kLabel: opt->label = optarg; break;
+      case kHold:
+        ok = parse_int(optarg, 0, 24 * 3600, &v);
+        opt->hold_s = static_cast<int>(v);
+        break;
       case kVersion: opt->show_version = true; return 0;
       case 'h': usage(stdout, library); return 0;
       case ':':

@@ -45,6 +45,7 @@ struct Options {
   std::string json_path;
   std::string csv_path;
   std::string label;        // names this run in JSON/CSV and plots (default: library/transport/algo)
+  int hold_s = 0;           // --hold_s: keep the communicator, idle, this long after the sweep (a scraper reads the totals)
   std::vector<std::string> argv;  // as given, for the JSON record
 };
 

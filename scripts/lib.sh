@@ -10,10 +10,10 @@ cd "$ROOT"
 # what the library and comm-bench need; test.sh adds what the tests need (Catch2, the Python and
 # PyTorch tests, the plots). README's "Two commands" lists both.
 BENCH_PACKAGES=(meson ninja-build pkg-config g++ libhwloc-dev libucx-dev libibverbs-dev nlohmann-json3-dev libssl-dev
-                libipsec-mb-dev libipsec-mb1)
+                libipsec-mb-dev libipsec-mb1 prometheus-cpp-dev)
 # shellcheck disable=SC2034 # read by test.sh, which sources this file
 TEST_PACKAGES=("${BENCH_PACKAGES[@]}" catch2 python3-numpy python3-torch python3-matplotlib
-               libtorch-dev pybind11-dev python3-dev python3-venv python3-setuptools python3-wheel)
+               libtorch-dev pybind11-dev python3-dev python3-venv python3-setuptools python3-wheel prometheus)
 
 # Build directories (override to keep several builds side by side).
 BUILD_DIR=${BUILD_DIR:-build}

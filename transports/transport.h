@@ -61,6 +61,7 @@ bool operator==(const OpTag& a, const OpTag& b);
 std::string describe(const OpTag& tag);
 
 using RequestId = uint32_t;
+class Arrivals;  // common/arrivals.h: straggler detection's per-peer waits
 
 // ---- one-sided access among the ranks of one host ---------------------------------------
 //
@@ -161,6 +162,9 @@ struct Options {
   // COMM_TLS: the socket transport's connections run TLS 1.3 in this context (tls/tls.h; the
   // core derives its key from the job secret); null: plaintext.
   std::shared_ptr<tls::Context> tls;
+  // Straggler detection (common/arrivals.h), shared by every transport of the communicator;
+  // null: not measured (a subset view, a test's transport).
+  std::shared_ptr<Arrivals> arrivals;
 };
 
 class Transport {
@@ -334,6 +338,10 @@ class Transport {
     wait_failure_.hang = wait_failure_.hang || failure.code() == COMM_ERR_TIMEOUT || peer_reported_timeout();
     wait_failure_sealed_ = true;
   }
+  // A message from `peer` met the receive posted for `tag`: straggler detection counts the
+  // first of each peer in a collective (common/arrivals.h, which defines it; include it to call).
+  // waited = false: it was there when this rank first looked, so this rank did not wait for it.
+  inline void arrived(int peer, const OpTag& tag, bool waited = true);
   // A peer's report (an ERROR frame, a failure in its header) said its wait timed out.
   void peer_timed_out() { peer_reported_timeout_.store(true, std::memory_order_release); }
 

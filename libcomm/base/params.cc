@@ -38,10 +38,29 @@ const std::vector<Param>& all() {
        "strict mode, for debugging: every collective confirms with every rank that all called the same collective, "
        "dtype, count, op and root before it returns (one small all-reduce more per call); 1: on",
        nullptr, 0, 1},
+      {"COMM_METRICS_ADDR", Type::kString, "",
+       "serve Prometheus metrics on http://HOST:PORT/metrics (local rank L on PORT + L; port 0: any free one; "
+       "HOST defaults to 127.0.0.1) through the metrics plugin libcomm_metrics.so; unset: nothing listens",
+       nullptr},
+      {"COMM_METRICS_FILE", Type::kString, "",
+       "with COMM_METRICS_ADDR: write where this rank's metrics are, in Prometheus's file_sd format; %h host, "
+       "%p pid, %r rank",
+       nullptr},
+      {"COMM_METRICS_TEXTFILE", Type::kString, "",
+       "write the final metrics once, when the process's last communicator is destroyed, in node exporter's "
+       "textfile format; %h host, %p pid, %r rank",
+       nullptr},
+      {"COMM_METRICS_PLUGIN", Type::kString, "",
+       "the metrics plugin's file (default: libcomm_metrics.so beside libcomm.so, then the loader's path)",
+       nullptr},
       {"COMM_FLIGHT_RECORDER_FILE", Type::kString, "",
        "write each communicator's flight recorder (its last 256 operations, JSON) here when it times out, fails "
        "or is aborted; %h host, %p pid, %r rank; tools/comm-trace merges the ranks' files",
        nullptr},
+      {"COMM_STRAGGLER_MS", Type::kInt, "10",
+       "straggler detection: a peer whose first message of a collective comes last, this many ms or more after "
+       "this rank started it, in half of 100 collectives is named at INFO and counted in the metrics; 0: off",
+       nullptr, 0, 3600 * 1000},
       {"COMM_TRANSPORT", Type::kEnum, "auto",
        "host transport between ranks: auto = the topology plan's per peer (shared memory on one host; between "
        "hosts UCX where InfiniBand/RoCE is up, else sockets); shm = shared memory only (every rank on one host); "

@@ -14,6 +14,7 @@
 #include "device/device.h"
 #include "init_agreement.h"
 #include "log.h"
+#include "observe/live.h"
 #include "params.h"
 #include "process_plan.h"
 #include "registry.h"
@@ -175,6 +176,7 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
               vars.empty() ? " nothing" : vars.c_str());
   }
   start_watcher(c.get());
+  observe::attach(c.get());  // the metrics see it from now on (observe/live.h)
   *out = c.release();
   return Status::Ok();
 }
@@ -205,6 +207,7 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
   c->job_store->release_idle();
   COMM_INFO(kInit, "comm %s: rank %d of %d ready (transport %s)", id.c_str(), rank, c->size, c->transport->name());
   start_watcher(c.get());
+  observe::attach(c.get());  // the metrics see it from now on (observe/live.h)
   *out = c.release();
   return Status::Ok();
 }
@@ -215,6 +218,7 @@ bool aborted(comm_t c) { return c->aborted.load(std::memory_order_acquire); }
 const tuning::Applied* tuning_of(comm_t c) { return c->tuning.get(); }
 
 void destroy_communicator(comm_t c) {
+  observe::detach(c);  // first: no scrape reads it while it goes
   {
     std::lock_guard<std::mutex> lock(c->queue_mu);
     c->worker_stop = true;

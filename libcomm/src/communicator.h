@@ -17,6 +17,7 @@
 #include "comm/comm.h"
 #include "engine_view.h"
 #include "flight_recorder.h"
+#include "observe/stats.h"
 #include "status.h"
 #include "store/store.h"
 #include "transport.h"
@@ -89,6 +90,10 @@ struct comm_s {
   uint64_t agreements = 0;  // comm_agree_failed calls: every survivor makes as many (agree.cc)
   std::vector<uint64_t> send_seq, recv_seq;  // per peer, for send/recv matching
   comm::FlightRecorder recorder;  // the last operations, written by the issuing thread
+  // Straggler detection's per-peer waits, shared with the transports (connect.cc; null when
+  // COMM_STRAGGLER_MS=0 or alone), and the counters the metrics plugin reads (observe/stats.h).
+  std::shared_ptr<comm::transport::Arrivals> arrivals;
+  comm::observe::Stats stats;
   std::vector<char> strict_signatures;  // COMM_CHECK_COLLECTIVES: every rank's, sized at first use (strict.cc)
 
   // Failure state: aborted by comm_abort; broken after any error that involved peers.

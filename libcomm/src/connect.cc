@@ -4,8 +4,10 @@
 
 #include <map>
 
+#include "common/arrivals.h"
 #include "interfaces.h"
 #include "log.h"
+#include "params.h"
 #include "process_plan.h"
 #include "registry.h"
 #include "tls/tls.h"
@@ -194,6 +196,12 @@ Status connect_transport(comm_t c) {
   opt.host_of = c->host_of;
   c->send_seq.assign(static_cast<size_t>(c->size), 0);
   c->recv_seq.assign(static_cast<size_t>(c->size), 0);
+  // Straggler detection (transports/common/arrivals.h): every transport of this communicator
+  // reports into one record.
+  int64_t late_ms = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_STRAGGLER_MS", &late_ms));
+  c->stats.init(c->size, "comm " + c->id + " rank " + std::to_string(c->rank), late_ms);
+  if (late_ms > 0 && c->size > 1) c->arrivals = opt.arrivals = std::make_shared<transport::Arrivals>(c->size);
   match_tuning(c);
   opt.shm_slot_bytes = c->tuning->shm_slot_bytes();
   opt.socket_nconns = c->tuning->socket_nconns();

@@ -7,6 +7,7 @@
 #include "communicator.h"
 #include "dtype.h"
 #include "log.h"
+#include "observe/call.h"
 #include "strict.h"
 #include "watch.h"
 
@@ -118,16 +119,15 @@ Status execute(comm_t c, const algo::CollArgs& args) {
     note_first_use(c, *t, bytes);
   }
   const size_t slot = c->recorder.begin(args.tag);
+  observe::begin_call(c, slot, args.tag);
   const char* algorithm = nullptr;
   Status st = algo::run_collective(ctx, args, overrides, &algorithm);
   if (st.ok() && c->settings.check_collectives && args.tag.coll != transport::CollKind::kInternal)
     st = confirm_signature(c, ctx, args);
   c->recorder.set_algorithm(slot, algorithm);
-  if (st.ok()) {
-    c->recorder.end(slot, st, nullptr);
-    return st;
-  }
-  c->recorder.end(slot, st, &c->transport->wait_failure());
+  c->recorder.end(slot, st, st.ok() ? nullptr : &c->transport->wait_failure());
+  observe::end_call(c, slot, args.tag.coll, bytes, algorithm, st);
+  if (st.ok()) return st;
   return fail_communicator(c, st.prefixed(context(c, args)), args.tag.order);
 }
 

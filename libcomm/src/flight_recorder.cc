@@ -29,8 +29,10 @@ const char* state_name(uint8_t s) {
   return "unknown";
 }
 
+}  // namespace
+
 // %h host, %p pid, %r rank (the engine's COMM_TRACE_FILE knows %r too).
-std::string expand(const std::string& pattern, int rank) {
+std::string expand_file_pattern(const std::string& pattern, int rank) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] != '%' || i + 1 == pattern.size()) {
@@ -54,8 +56,6 @@ std::string expand(const std::string& pattern, int rank) {
   return out;
 }
 
-}  // namespace
-
 size_t FlightRecorder::begin(const transport::OpTag& tag) {
   const uint64_t n = next_.load(std::memory_order_relaxed);
   const size_t slot = n % kEntries;
@@ -68,6 +68,8 @@ size_t FlightRecorder::begin(const transport::OpTag& tag) {
   e.algo.store(nullptr, std::memory_order_relaxed);
   e.npeers.store(0, std::memory_order_relaxed);
   e.status.store(0, std::memory_order_relaxed);
+  e.last_peer.store(-1, std::memory_order_relaxed);
+  e.last_wait_ns.store(0, std::memory_order_relaxed);
   e.end_ns.store(0, std::memory_order_relaxed);
   e.start_ns.store(now_ns(), std::memory_order_relaxed);
   e.state.store(kRunning, std::memory_order_release);
@@ -134,10 +136,33 @@ std::string FlightRecorder::json(int rank, int size, const std::string& comm_id,
            "\", \"count\": " + std::to_string(e.count.load(std::memory_order_relaxed)) + ", \"algorithm\": \"" +
            (algo ? algo : "") + "\", \"state\": \"" + state_name(state) +
            "\", \"status\": " + std::to_string(e.status.load(std::memory_order_relaxed)) + ", \"waited_on\": [" + peers +
-           "], \"start_ns\": " + std::to_string(e.start_ns.load(std::memory_order_relaxed)) +
+           "], \"last_arrival\": {\"rank\": " + std::to_string(e.last_peer.load(std::memory_order_relaxed)) +
+           ", \"wait_ns\": " + std::to_string(e.last_wait_ns.load(std::memory_order_relaxed)) +
+           "}, \"start_ns\": " + std::to_string(e.start_ns.load(std::memory_order_relaxed)) +
            ", \"end_ns\": " + std::to_string(e.end_ns.load(std::memory_order_relaxed)) + "}";
   }
   out += "\n]}\n";
+  return out;
+}
+
+FlightRecorder::Now FlightRecorder::now() const {
+  Now out;
+  const uint64_t n = next_.load(std::memory_order_acquire);
+  out.operations = n;
+  if (n == 0) return out;
+  const Entry& e = entries_[(n - 1) % kEntries];
+  const uint8_t state = e.state.load(std::memory_order_acquire);
+  out.seq = e.seq.load(std::memory_order_relaxed);
+  out.coll = static_cast<transport::CollKind>(e.coll.load(std::memory_order_relaxed));
+  out.start_ns = e.start_ns.load(std::memory_order_relaxed);
+  out.running = state == kRunning;
+  if (!out.running) {
+    out.last_done_seq = out.seq;
+  } else if (n >= 2) {
+    const Entry& before = entries_[(n - 2) % kEntries];
+    if (before.state.load(std::memory_order_acquire) != kRunning)
+      out.last_done_seq = before.seq.load(std::memory_order_relaxed);
+  }
   return out;
 }
 
@@ -146,7 +171,7 @@ Status dump_flight_recorder(comm_t c, const std::string& path, std::string* writ
   std::string pattern = path;
   if (pattern.empty()) COMM_RETURN_IF_ERROR(params::get_string("COMM_FLIGHT_RECORDER_FILE", &pattern));
   if (pattern.empty()) return Status::Ok();
-  const std::string file = expand(pattern, c->rank);
+  const std::string file = expand_file_pattern(pattern, c->rank);
   std::string error;
   if (c->is_broken.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(c->state_mu);

@@ -18,7 +18,7 @@ import unittest
 
 SOURCE = os.path.abspath(sys.argv[1])
 TEST_ONLY = {"catch2", "python3-numpy", "python3-torch", "python3-matplotlib", "libtorch-dev", "pybind11-dev",
-             "python3-dev", "python3-venv", "python3-setuptools", "python3-wheel"}
+             "python3-dev", "python3-venv", "python3-setuptools", "python3-wheel", "prometheus"}
 
 
 def stub(path, body):
@@ -80,7 +80,7 @@ class Scripts(unittest.TestCase):
     def test_nothing_missing_installs_nothing(self):
         everything = TEST_ONLY | {"meson", "ninja-build", "pkg-config", "g++", "libhwloc-dev", "libucx-dev",
                                   "libibverbs-dev", "nlohmann-json3-dev", "libssl-dev", "libipsec-mb-dev",
-                                  "libipsec-mb1"}
+                                  "libipsec-mb1", "prometheus-cpp-dev"}
         calls = self.run_script("test.sh", installed=everything, configured=True)
         self.assertFalse(any(c[0] == "apt-get" for c in calls), calls)
         self.assertFalse(any("--reconfigure" in c for c in calls), calls)

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 
+#include "common/arrivals.h"
 #include "common/wire_check.h"
 #include "shm/shm_transport_impl.h"
 
@@ -78,7 +79,8 @@ Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_l
 // Small calls: the peer's slot head carries its call number and tag in one cache line.
 Status ShmTransport::wait_slot(int i) {
   SlotHead* h = slot_head(i);
-  if (h->call.load(std::memory_order_acquire) < call_) {
+  const bool waited = h->call.load(std::memory_order_acquire) < call_;
+  if (waited) {
     Status st = await(tag_.order,
         [&](bool* done, bool* moved) {
           *done = h->call.load(std::memory_order_acquire) >= call_;
@@ -104,6 +106,7 @@ Status ShmTransport::wait_slot(int i) {
   const OpTag theirs = op_tag(h->tag);
   if (!(theirs == tag_))
     return fail(call_mismatch(who(i), theirs, "rank " + std::to_string(rank()) + " (this rank)", tag_));
+  arrived(peers_[static_cast<size_t>(i)].rank, tag_, waited);
   return Status::Ok();
 }
 
@@ -111,6 +114,7 @@ Status ShmTransport::wait_posted(int i) {
   if (i == me_) return Status::Ok();
   if (small_call_) return wait_slot(i);
   Peer& p = peers_[static_cast<size_t>(i)];
+  const bool waited = p.lines->posted.value.load(std::memory_order_acquire) < call_;
   COMM_RETURN_IF_ERROR(wait_counter(i, p.lines->posted.value, call_, "its part of"));
   // It is at most one call ahead: this call's descriptor is not rewritten before we finish.
   std::memcpy(static_cast<void*>(&p.desc), &p.lines->desc[call_ % 2], sizeof p.desc);
@@ -118,6 +122,7 @@ Status ShmTransport::wait_posted(int i) {
   auto us = [&] { return "rank " + std::to_string(rank()) + " (this rank)"; };  // error messages only
   if (!(theirs == tag_))
     return fail(call_mismatch(who(i), theirs, us(), tag_));
+  arrived(p.rank, tag_, waited);
   const CallDesc& mine = my_lines_->desc[call_ % 2];
   if (p.desc.chunk_bytes != mine.chunk_bytes || p.desc.bytes != mine.bytes)
     return fail(InvalidUsage(who(i) + " pipelines " + describe(tag_) + " in chunks of " +

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/arrivals.h"
 #include "common/wire_check.h"
 #include "shm/shm_transport_impl.h"
 
@@ -237,6 +238,7 @@ Status ShmTransport::recv_progress(int i, bool* moved) {
     if (sh->total_bytes != r.bytes)
       return fail(InvalidUsage(who(i) + " sent " + std::to_string(sh->total_bytes) + " bytes for " + describe(got) +
                                " but " + us() + " expects " + std::to_string(r.bytes) + " bytes for it"));
+    arrived(p.rank, r.tag);
     const auto reach = static_cast<Reach>(sh->reach);
     if (reach == Reach::kNone) {
       if (sh->offset != r.moved || sh->length > frag || sh->length > r.bytes - r.moved)

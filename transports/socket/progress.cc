@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "common/arrivals.h"
 #include "common/wire_check.h"
 #include "socket/socket_transport_impl.h"
 
@@ -241,6 +242,10 @@ Status SocketTransport::on_header(Connection& c) {
     moved_ -= kHeaderBytes;  // not progress: a peer that only beats still times out a wait on it
     return Status::Ok();  // a bare header: the next frame follows
   }
+  OpTag arrival;  // straggler detection counts arrivals, also before their receive is posted
+  arrival.seq = h.seq;
+  arrival.coll = static_cast<CollKind>(h.coll);
+  arrived(c.peer, arrival);
   c.state = RecvState::kStashed;
   c.hup_seen = false;
   if (c.receives.empty()) return c.index == 0 && !any_recvs_.empty() ? match_any() : Status::Ok();

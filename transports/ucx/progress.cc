@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "log.h"
+#include "common/arrivals.h"
 #include "common/wire_check.h"
 #include "ucx/ucx_transport_impl.h"
 
@@ -244,7 +245,10 @@ static Status check_header(const Request& r, uint64_t key, int me_rank) {
 
 Status UcxTransport::check(Request& r) {
   const int nparts = r.bytes > 0 ? 2 : 1;
-  if (!r.is_send && r.parts[0].status == UCS_OK) COMM_RETURN_IF_ERROR(check_header(r, key_, rank()));
+  if (!r.is_send && r.parts[0].status == UCS_OK) {
+    COMM_RETURN_IF_ERROR(check_header(r, key_, rank()));
+    arrived(r.peer, r.tag);
+  }
   for (int k = 0; k < nparts; ++k) {
     const Part& p = r.parts[k];
     if (p.status == UCS_OK) continue;

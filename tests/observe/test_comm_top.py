@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""comm-top names the rank that holds a job up, within 5 s (issue 36).
+
+    tests/observe/test_comm_top.py BUILD_DIR stopped     a SIGSTOPped rank, through its peers' waits
+    tests/observe/test_comm_top.py BUILD_DIR straggler   a rank whose loop sleeps 200 ms per step
+
+4 local ranks of rank_loop (all-reduces in a loop) under comm-run, with COMM_METRICS_ADDR and
+COMM_METRICS_FILE; comm-top --json reads the files. COMM_TIMEOUT_MS is 120 s: comm-top must name
+the rank long before anything times out. Exits 77 (skipped) when the metrics plugin was not built.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD = os.path.abspath(sys.argv[1])
+MODE = sys.argv[2]
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMM_TOP = os.path.join(SOURCE, "tools", "comm-top", "comm-top")
+RANKS, CULPRIT, WITHIN_S = 4, 2, 5.0
+
+
+def rank_pids(parent):
+    """{RANK: pid} of comm-run's children, from their environment."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            out[int(env[b"RANK"])] = int(pid)
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+    return out
+
+
+def comm_top(targets, *extra):
+    run = subprocess.run([sys.executable, COMM_TOP, "--json", *extra, targets], capture_output=True, text=True,
+                         timeout=30)
+    return json.loads(run.stdout) if run.returncode == 0 and run.stdout else None
+
+
+def main():
+    if not os.path.exists(os.path.join(BUILD, "libcomm_metrics.so")):
+        print("SKIP: the metrics plugin was not built (apt-get install prometheus-cpp-dev)")
+        return 77
+    tmp = tempfile.mkdtemp(prefix="libcomm-comm-top-")
+    targets = os.path.join(tmp, "targets")
+    os.mkdir(targets)
+    env = dict(os.environ, COMM_METRICS_ADDR="127.0.0.1:0", COMM_METRICS_FILE=os.path.join(targets, "rank-%r.json"),
+               COMM_TIMEOUT_MS="120000")
+    slow = ["3", "200"] if MODE == "straggler" else ["-1", "0"]
+    job = subprocess.Popen([os.path.join(BUILD, "tools/comm-run/comm-run"), "-n", str(RANKS), "--bind", "none",
+                            "--timeout-s", "90", "--", os.path.join(BUILD, "tests/observe/rank_loop"), "0", *slow, "1"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(targets)) < RANKS and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.1)
+        if len([f for f in os.listdir(targets) if f.endswith(".json")]) < RANKS:
+            print("FAIL: the ranks did not write their metrics files:", job.stdout.read1().decode(errors="replace")
+                  if job.poll() is not None else os.listdir(targets))
+            return 1
+        if MODE == "stopped":
+            time.sleep(0.5)  # a few calls in, so every rank has heard from its peers
+            pids = rank_pids(job.pid)
+            stopped = pids[CULPRIT]
+            os.kill(stopped, signal.SIGSTOP)
+        start = time.monotonic()
+        last = None
+        while time.monotonic() - start < WITHIN_S:
+            view = comm_top(targets, "--interval", "0.5", "--hang-s", "0.5")
+            elapsed = time.monotonic() - start
+            if view is None:
+                continue
+            last = view
+            comm = view["comms"].get("0", {})
+            if MODE == "stopped":
+                hang = comm.get("hang") or {}
+                if CULPRIT in hang.get("culprits", []) and CULPRIT in comm.get("silent", []):
+                    print(f"OK after {elapsed:.1f} s: {hang['text']}")
+                    break
+            else:
+                named = [s for s in comm.get("stragglers", []) if s["rank"] == 3]
+                others = [s for s in comm.get("stragglers", []) if s["rank"] != 3]
+                if named and not others:
+                    print(f"OK after {elapsed:.1f} s: {named[0]['text']}")
+                    break
+        else:
+            print(f"FAIL: comm-top did not name the {'stopped rank ' + str(CULPRIT) if MODE == 'stopped' else 'slow rank 3'}"
+                  f" within {WITHIN_S} s; its last view:\n{json.dumps(last, indent=1)}")
+            return 1
+        print(json.dumps(last["comms"]["0"]["ranks"], indent=None))
+        return 0
+    finally:
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except OSError:
+                pass
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGTERM)
+            try:
+                job.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
