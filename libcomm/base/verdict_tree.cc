@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -199,10 +200,12 @@ Status fetch_verdict(const std::string& tagged_addr, bool same_host, const std::
   if (!fd.valid()) return SystemError("socket() failed: " + errno_string(errno));
   if (::connect(fd.get(), addr.get(), addr.len) != 0) {
     if (errno != EINPROGRESS) return SystemError("connect() failed: " + errno_string(errno));
-    // A parent whose address drops packets (a firewall) costs its children one TCP handshake's
-    // deadline, not their slice (docs/topology.md, "Messy networks").
+    // A parent whose address drops packets (a firewall) costs its children at most a second,
+    // not their slice (docs/topology.md, "Messy networks"): a parent on the job's network answers
+    // a SYN in far less, and a child that gives up early only reads the store instead.
     int64_t connect_ms = 4000;
     (void)params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &connect_ms);
+    connect_ms = std::min<int64_t>(connect_ms, 1000);
     const Deadline answered_by = Deadline::after_ms(static_cast<int>(connect_ms));
     pollfd pfd{fd.get(), POLLOUT, 0};
     while (::poll(&pfd, 1, deadline.remaining_ms(100)) == 0)

@@ -91,11 +91,15 @@ void Mesh::want(int peer, int count) {
       (void)posix::route_toward(o.addr, &o.local_addr, &o.local_if);
       attempts.push_back(std::move(o));
     }
-    // What earlier dials learned orders this one: paths that worked first, then the unknown,
-    // in the peer's order (its route to the store first), then those that failed.
+    // What earlier dials learned orders this one: paths to this host that worked first; then
+    // paths not tried yet, those through a local interface that reached other hosts before those
+    // through one that only failed elsewhere, each in the peer's order (its route to the store
+    // first); then paths to this host that failed.
     auto rank_of = [](const Outgoing& o) {
       const posix::PathVerdict v = posix::path_verdict(o.local_if, posix::endpoint_host(o.where));
-      return v == posix::PathVerdict::kWorks ? 0 : v == posix::PathVerdict::kUnknown ? 1 : 2;
+      if (v != posix::PathVerdict::kUnknown) return v == posix::PathVerdict::kWorks ? 0 : 4;
+      const posix::PathVerdict i = posix::interface_verdict(o.local_if);
+      return i == posix::PathVerdict::kWorks ? 1 : i == posix::PathVerdict::kUnknown ? 2 : 3;
     };
     std::stable_sort(attempts.begin(), attempts.end(),
                      [&](const Outgoing& a, const Outgoing& b) { return rank_of(a) < rank_of(b); });

@@ -37,6 +37,18 @@ PathVerdict path_verdict(const std::string& local_if, const std::string& peer_ho
   return it == m.paths.end() ? PathVerdict::kUnknown : it->second;
 }
 
+PathVerdict interface_verdict(const std::string& local_if) {
+  Memory& m = memory();
+  std::lock_guard<std::mutex> lock(m.mu);
+  PathVerdict out = PathVerdict::kUnknown;
+  for (const auto& [key, v] : m.paths) {
+    if (key.first != local_if) continue;
+    if (v == PathVerdict::kWorks) return PathVerdict::kWorks;
+    out = PathVerdict::kFails;
+  }
+  return out;
+}
+
 std::vector<std::string> interfaces_that_work() {
   Memory& m = memory();
   std::lock_guard<std::mutex> lock(m.mu);

@@ -16,6 +16,9 @@ enum class PathVerdict { kUnknown, kWorks, kFails };
 // Records an outcome; true when it changes what was known (the caller says so once, at INFO).
 bool note_path(const std::string& local_if, const std::string& peer_host, bool works, const std::string& why);
 PathVerdict path_verdict(const std::string& local_if, const std::string& peer_host);
+// For a host not dialed yet through local_if: how that interface did with other hosts. kWorks
+// when it reached one, kFails when it only failed, kUnknown when it was never used.
+PathVerdict interface_verdict(const std::string& local_if);
 // Local interfaces through which some peer host was reached, for the fix a failure suggests.
 std::vector<std::string> interfaces_that_work();
 
