@@ -4,6 +4,9 @@
 # Each scenario runs bench/init_scale.c's rank on every host (init, barrier, checked all-reduces):
 #   island, firewall, storeport, asymmetric, lookalike, ipv6: 2 hosts; the job completes, long
 #       before COMM_TIMEOUT_MS (120 s here, where the old single-address dial waited or failed);
+#   hostname: the silent firewall, MASTER_ADDR a host name whose first address is host 0's
+#       firewalled eth0 (the store's connection moves on to the next address after
+#       COMM_SOCKET_CONNECT_TIMEOUT_MS, rank 0 listens on every address of the name);
 #   tree8: 8 hosts, storeport (the verdict's tree on: a parent's route is the firewalled eth0);
 #   hosts4x2: 4 hosts x 2 ranks, island (shared memory inside a host, sockets between);
 #   none, none-firewall: NCCL_SOCKET_IFNAME=eth0 (the island, or the silent firewall): every rank
@@ -24,9 +27,10 @@ command -v ip >/dev/null || skip "iproute2 (ip) is not installed"
 ip netns add "messyprobe$$" 2>/dev/null || skip "ip netns add failed (no CAP_SYS_ADMIN or no netns support here)"
 ip netns del "messyprobe$$"
 
-hosts=2 per_host=1 kind=$scenario expect=ok spec=""
+hosts=2 per_host=1 kind=$scenario expect=ok spec="" extra=()
 case $scenario in
   island|firewall|storeport|asymmetric|lookalike|ipv6) ;;
+  hostname) kind=firewall extra=(--master-name master) ;;
   tree8) hosts=8 kind=storeport ;;
   hosts4x2) hosts=4 per_host=2 kind=island ;;
   none) kind=island expect=fail spec=eth0 ;;
@@ -44,7 +48,7 @@ envs=(env -u COMM_SOCKET_IFNAME -u NCCL_SOCKET_IFNAME COMM_TIMEOUT_MS=120000 COM
 # A rank ignores SIGTERM (inherited through exec), so that the first rank to fail does not stop
 # the others before they say why they fail.
 start=$(date +%s.%N)
-"${envs[@]}" timeout 110 "$netsim" --hosts "$hosts" --ranks-per-host "$per_host" --rate none --messy "$kind" -- \
+"${envs[@]}" timeout 110 "$netsim" --hosts "$hosts" --ranks-per-host "$per_host" --rate none --messy "$kind" "${extra[@]}" -- \
   sh -c "trap '' TERM; exec '$rank' 1" >"$out" 2>&1
 rc=$?
 took=$(echo "$(date +%s.%N) - $start" | bc)
