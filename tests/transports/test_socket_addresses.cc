@@ -7,11 +7,13 @@
 // go on unharmed (rank 0's own dial is sent to a listener that never answers, so rank 1's is
 // the one that connects). Before protocol 5 the first address alone was dialed and either authenticated
 // as rank 0 (same job) or failed the peer.
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "interfaces.h"
 #include "posix/endpoints.h"
 #include "socket/socket_transport.h"
+#include "socket/wire.h"
 #include "store/store.h"
 #include "support/store_helpers.h"
 #include "support/transport_test.h"
@@ -137,4 +140,86 @@ TEST_CASE("a dial that reaches the wrong rank or communicator moves on to the pe
   INFO(other_status0.message() << " / " << other_status1.message());
   CHECK(other_status0.code() == COMM_ERR_ABORTED);
   CHECK(other_status1.code() == COMM_ERR_ABORTED);
+}
+
+// Protocol 5 against 4, both ways: a listener of this version answers an old Hello kBadVersion
+// with its version, and a dial that meets an old listener fails naming both versions (an old
+// peer reads the version from the first 12 bytes, as every version did, and answers so).
+TEST_CASE("a peer of wire protocol 4 is refused clearly, both ways", "[socket]") {
+  auto store = memory_store(unique_store_name());
+  std::unique_ptr<Transport> t0, t1;
+  Status made0, made1;
+  // Rank 1 is told rank 0 lives at an "old libcomm": a listener that answers every Hello with
+  // version 4's kBadVersion.
+  posix::Fd old;
+  posix::SockAddr old_at;
+  REQUIRE(posix::listen_on("127.0.0.1", AF_INET, 4, &old, &old_at).ok());
+  std::thread old_peer([&] {
+    pollfd ready{old.get(), POLLIN, 0};  // the listener is non-blocking
+    if (::poll(&ready, 1, 10000) != 1) return;
+    int fd = ::accept4(old.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    char hello[12];
+    if (::recv(fd, hello, sizeof hello, MSG_WAITALL) == static_cast<ssize_t>(sizeof hello)) {
+      const sock::Reply r{sock::kReplyMagic, static_cast<uint32_t>(sock::ReplyCode::kBadVersion), 4};
+      (void)::send(fd, &r, sizeof r, MSG_NOSIGNAL);
+    }
+    // Closed once the dialer has read the reply and hung up: a close with the rest of its Hello
+    // unread would reset the connection, and a reset may overtake the reply.
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char rest[64];
+    while (::recv(fd, rest, sizeof rest, 0) > 0) {
+    }
+    ::close(fd);
+  });
+  auto store1 = memory_store(unique_store_name());
+  std::thread make0([&] { made0 = create_socket_transport(options(0, store, "test"), &t0); });
+  std::thread make1([&] { made1 = create_socket_transport(options(1, store1, "test"), &t1); });
+  std::string addr1;
+  REQUIRE(store1->get("addr/1", &addr1, Deadline::after_ms(10000)).ok());
+  REQUIRE(store->set("addr/1", addr1).ok());
+  REQUIRE(store1->set("addrs", "lo/" + posix::format_address(old_at) + "\n" + addr1).ok());
+  make0.join();
+  make1.join();
+  REQUIRE(made0.ok());
+  REQUIRE(made1.ok());
+
+  uint64_t value = 7;
+  RequestId id;
+  REQUIRE(t1->isend(0, tag(1, 1), &value, sizeof value, &id).ok());
+  Status st = t1->wait(&id, 1);
+  old_peer.join();
+  INFO(st.message());
+  CHECK(st.code() == COMM_ERR_INVALID_USAGE);
+  CHECK_THAT(st.message(), Catch::Contains("wire protocol version 4") && Catch::Contains("this rank 5"));
+
+  // An old Hello (48 bytes, version 4) at rank 0's listener: kBadVersion with version 5.
+  const std::string real0 = first_address(store, 0);
+  posix::SockAddr at;
+  REQUIRE(posix::parse_address(real0, &at).ok());
+  posix::Fd fd(::socket(at.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(::connect(fd.get(), at.get(), at.len) == 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  uint8_t hello[48] = {};
+  const uint64_t magic = sock::kHelloMagic;
+  const uint32_t v4 = 4;
+  std::memcpy(hello, &magic, sizeof magic);
+  std::memcpy(hello + 8, &v4, sizeof v4);
+  REQUIRE(::send(fd.get(), hello, sizeof hello, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof hello));
+  // Rank 0 serves its listener while it waits for something.
+  uint64_t never = 0;
+  RequestId wait0;
+  REQUIRE(t0->irecv(1, tag(2, 1), &never, sizeof never, &wait0).ok());
+  Status aborted;
+  std::thread serve([&] { aborted = t0->wait(&wait0, 1); });
+  sock::Reply r{};
+  const bool got = ::recv(fd.get(), &r, sizeof r, MSG_WAITALL) == static_cast<ssize_t>(sizeof r);
+  t0->abort();
+  serve.join();
+  REQUIRE(got);
+  CHECK(r.magic == sock::kReplyMagic);
+  CHECK(r.code == static_cast<uint32_t>(sock::ReplyCode::kBadVersion));
+  CHECK(r.value == sock::kProtocolVersion);
 }
