@@ -45,11 +45,12 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 envs=(env -u COMM_SOCKET_IFNAME -u NCCL_SOCKET_IFNAME COMM_TIMEOUT_MS=120000 COMM_DEBUG=INFO COMM_DEBUG_SUBSYS=NET)
 [[ -n $spec ]] && envs+=("NCCL_SOCKET_IFNAME=$spec")
-# A rank ignores SIGTERM (inherited through exec), so that the first rank to fail does not stop
-# the others before they say why they fail.
+# A rank ignores SIGTERM (inherited), so that the first rank to fail does not stop the others
+# before they say why they fail; a watchdog beside it kills it at 90 s (COMM_TIMEOUT_MS is 120 s),
+# so netsim, which waits for its ranks, always gets to remove its namespaces.
 start=$(date +%s.%N)
 "${envs[@]}" timeout 110 "$netsim" --hosts "$hosts" --ranks-per-host "$per_host" --rate none --messy "$kind" "${extra[@]}" -- \
-  sh -c "trap '' TERM; exec '$rank' 1" >"$out" 2>&1
+  sh -c "trap '' TERM; '$rank' 1 & pid=\$!; (sleep 90; kill -KILL \$pid) >/dev/null 2>&1 & dog=\$!; wait \$pid; rc=\$?; kill -KILL \$dog 2>/dev/null; exit \$rc" >"$out" 2>&1
 rc=$?
 took=$(echo "$(date +%s.%N) - $start" | bc)
 world=$((hosts * per_host))
