@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(&h, data, sizeof h);
     at = sizeof h;
     if (hello_problem(h).empty())
-      FUZZ_CHECK(h.magic == kHelloMagic && h.version == kProtocolVersion && (h.flags & ~kHelloTls) == 0);
+      FUZZ_CHECK(h.magic == kHelloMagic && h.version == kProtocolVersion && (h.flags & ~kHelloTls) == 0 && h.reserved == 0);
     std::memcpy(client_nonce.data(), h.nonce, client_nonce.size());
   }
   if (size - at >= sizeof(Proof)) {
@@ -32,8 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(&p, data + at, sizeof p);
     at += sizeof p;
     // Accepted exactly when it is the proof made with the secret (constant-time compare included).
-    const Digest real = proof_of_secret("fuzz-secret", kProofContext, Prover::kClient, client_nonce, server_nonce);
-    FUZZ_CHECK(check_proof("fuzz-secret", kProofContext, Prover::kClient, client_nonce, server_nonce, p.proof) ==
+    const Digest real = proof_of_secret("fuzz-secret", proof_context("comm 0", 1, 0), Prover::kClient, client_nonce, server_nonce);
+    FUZZ_CHECK(check_proof("fuzz-secret", proof_context("comm 0", 1, 0), Prover::kClient, client_nonce, server_nonce, p.proof) ==
                (std::memcmp(p.proof, real.data(), real.size()) == 0));
   }
   // The connector's read: a Reply, and what its code says follows it fits the buffer mesh.cc has.

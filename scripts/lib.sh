@@ -13,7 +13,8 @@ BENCH_PACKAGES=(meson ninja-build pkg-config g++ libhwloc-dev libucx-dev libibve
                 libipsec-mb-dev libipsec-mb1 prometheus-cpp-dev)
 # shellcheck disable=SC2034 # read by test.sh, which sources this file
 TEST_PACKAGES=("${BENCH_PACKAGES[@]}" catch2 python3-numpy python3-torch python3-matplotlib
-               libtorch-dev pybind11-dev python3-dev python3-venv python3-setuptools python3-wheel prometheus)
+               libtorch-dev pybind11-dev python3-dev python3-venv python3-setuptools python3-wheel prometheus
+               iproute2 iptables)
 
 # Build directories (override to keep several builds side by side).
 BUILD_DIR=${BUILD_DIR:-build}

@@ -6,10 +6,13 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstring>
+#include <mutex>
 
 #include "params.h"
 
@@ -169,6 +172,84 @@ Status choose_socket_interface(bool all_local, Interface* chosen, std::string* w
   if (loopback) *why = "all ranks on one host and no COMM_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set: chose lo";
   if (source == "COMM_SOCKET_IFNAME" && why->rfind("NCCL_SOCKET_IFNAME", 0) == 0) why->replace(0, 18, source);
   *chosen = list.front();
+  return Status::Ok();
+}
+
+namespace {
+std::mutex store_host_mu;
+std::string& store_host() {
+  static std::string* host = new std::string;  // never destroyed: read from any thread
+  return *host;
+}
+
+// The local address the kernel would send to the store's host from ("" unknown).
+std::string route_to_store(std::string* ifname = nullptr) {
+  std::string host;
+  {
+    std::lock_guard<std::mutex> lock(store_host_mu);
+    host = store_host();
+  }
+  if (host.empty()) return "";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return "";
+  posix::SockAddr to;
+  std::memcpy(&to.storage, res->ai_addr, res->ai_addrlen);
+  to.len = static_cast<socklen_t>(res->ai_addrlen);
+  freeaddrinfo(res);
+  std::string local, name;
+  if (!posix::route_toward(to, &local, &name)) return "";
+  if (ifname != nullptr) *ifname = name;
+  return local;
+}
+}  // namespace
+
+std::string store_route_interface() {
+  std::string name;
+  route_to_store(&name);
+  return name;
+}
+
+void remember_store_host(const std::string& host) {
+  std::lock_guard<std::mutex> lock(store_host_mu);
+  store_host() = host;
+}
+
+void put_route_first(const std::string& local_address, std::vector<Interface>* list) {
+  std::string name;
+  for (const auto& itf : *list)
+    if (itf.address == local_address) name = itf.name;
+  if (name.empty()) return;
+  std::stable_partition(list->begin(), list->end(), [&](const Interface& itf) { return itf.name == name; });
+}
+
+Status choose_socket_addresses(bool all_local, std::vector<posix::LocalAddress>* chosen, std::string* why) {
+  chosen->clear();
+  std::string spec;
+  std::string source = "COMM_SOCKET_IFNAME";
+  COMM_RETURN_IF_ERROR(params::get_string("COMM_SOCKET_IFNAME", &spec));
+  if (spec.empty()) {
+    source = "NCCL_SOCKET_IFNAME";
+    COMM_RETURN_IF_ERROR(params::get_string("NCCL_SOCKET_IFNAME", &spec));
+  }
+  const bool loopback = spec.empty() && all_local;
+  if (loopback) spec = "=lo";
+  std::vector<Interface> list;
+  Status st = select_interfaces(spec, list_interfaces(), &list, why);
+  if (!st.ok()) return st.prefixed(spec.empty() || loopback ? "" : source + " set: ");
+  if (loopback) {
+    *why = "all ranks on one host and no COMM_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set: chose lo";
+    list.resize(1);
+  } else {
+    const std::string route = route_to_store();
+    put_route_first(route, &list);
+    if (!route.empty() && !list.empty() && list.front().address == route)
+      *why += "; " + list.front().name + " first (the route to the store's host)";
+  }
+  if (source == "COMM_SOCKET_IFNAME" && why->rfind("NCCL_SOCKET_IFNAME", 0) == 0) why->replace(0, 18, source);
+  if (list.size() > kMaxSocketAddresses) list.resize(kMaxSocketAddresses);
+  for (const auto& itf : list) chosen->push_back(posix::LocalAddress{itf.name, itf.address, itf.family});
   return Status::Ok();
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "posix/endpoints.h"
 #include "status.h"
 
 namespace comm::topology {
@@ -30,5 +31,21 @@ Status select_interfaces(const std::string& spec, const std::vector<Interface>& 
 // above); neither set and every rank on this host (all_local): lo, which keeps single-host
 // traffic off the real NICs. A failure names the variable that matched nothing.
 Status choose_socket_interface(bool all_local, Interface* chosen, std::string* why);
+
+// Every address of the interfaces choose_socket_interface chooses among (the user's set, or the
+// default order's tier), at most kMaxSocketAddresses: first the interface the kernel routes the
+// store's host through (remember_store_host; the interface that already reaches rank 0), then
+// the others in the order above. A socket listener listens on each, and its dialers try them
+// all (docs/topology.md, "Messy networks"). Loopback alone where every rank is on this host.
+constexpr size_t kMaxSocketAddresses = 8;
+Status choose_socket_addresses(bool all_local, std::vector<posix::LocalAddress>* chosen, std::string* why);
+// The store's host (MASTER_ADDR), once per process at init: the route toward it orders the above.
+void remember_store_host(const std::string& host);
+// The interface the kernel routes the store's host through, whatever the interface spec ("" unknown).
+std::string store_route_interface();
+// The order of `list` with the route toward `host` first, as above: the interface whose
+// address the kernel sends to `host` from (route_toward) moves to the front, the rest keep
+// their order. Exposed for the tests.
+void put_route_first(const std::string& local_address, std::vector<Interface>* list);
 
 }  // namespace comm::topology

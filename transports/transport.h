@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "deadline.h"
+#include "posix/endpoints.h"
 #include "posix/fd.h"
 #include "status.h"
 #include "store/store.h"
@@ -119,17 +120,19 @@ class LocalAccess {
 // Where a socket-based transport listens: the interface the core chose from the plan and
 // COMM_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (topology/interfaces.h), with the reason for the log.
 struct ListenAddress {
-  std::string address;  // numeric, "127.0.0.1" or "fd00::2"; empty: loopback when all_local
-  int family = 0;       // AF_INET / AF_INET6
+  // Numeric, in order of preference (topology's choose_socket_addresses); empty: loopback when
+  // all_local. A listener on each; dialers try them all (docs/topology.md, "Messy networks").
+  std::vector<posix::LocalAddress> addresses;
   std::string why;
+  std::string route_ifname;  // the interface that reaches the store's host ("" unknown): a failure's fix
 };
 
 // The world's socket listener, made by the core before the init verdict, and every rank's
 // address, which came in that verdict (docs/design.md, "Hot keys"): the socket transport
 // adopts both instead of listening and reading the address table from the store.
 struct EarlyListener {
-  posix::Fd fd;                    // listening, non-blocking, CLOEXEC; moved out by the adopter
-  std::vector<std::string> table;  // "host:port" per rank
+  std::vector<posix::Fd> fds;      // listening, non-blocking, CLOEXEC; moved out by the adopter
+  std::vector<std::string> table;  // per rank, its addresses (posix/endpoints.h: "eth1/host:port,...")
 };
 
 // Memory the job's ranks on one host reach in place (comm_mem_alloc): made by a host-local

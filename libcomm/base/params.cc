@@ -105,6 +105,10 @@ const std::vector<Param>& all() {
       {"COMM_SOCKET_EAGER", Type::kInt, "0",
        "1: the socket transport connects every pair of ranks at init (a full mesh, connection errors at init); "
        "0: a peer is connected when an operation first needs it", nullptr, 0, 1},
+      {"COMM_SOCKET_CONNECT_TIMEOUT_MS", Type::kInt, "4000",
+       "how long a TCP handshake to one of a peer's addresses may go unanswered before the next address is "
+       "the only hope (a firewall that drops packets); bounds the handshake only, never a busy peer's reply",
+       nullptr, 100, 600000},
       {"COMM_HOST_ID", Type::kString, "", "ranks with the same value are on the same host", nullptr},
       {"COMM_ALGO", Type::kString, "",
        "force an algorithm, e.g. ring or recursive_doubling (falls back when it cannot run)", nullptr},

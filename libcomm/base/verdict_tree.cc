@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 
 #include "crypto/sha256.h"
 #include "log.h"
+#include "params.h"
 #include "posix/socket.h"
 
 namespace comm {
@@ -198,9 +200,18 @@ Status fetch_verdict(const std::string& tagged_addr, bool same_host, const std::
   if (!fd.valid()) return SystemError("socket() failed: " + errno_string(errno));
   if (::connect(fd.get(), addr.get(), addr.len) != 0) {
     if (errno != EINPROGRESS) return SystemError("connect() failed: " + errno_string(errno));
+    // A parent whose address drops packets (a firewall) costs its children at most a second,
+    // not their slice (docs/topology.md, "Messy networks"): a parent on the job's network answers
+    // a SYN in far less, and a child that gives up early only reads the store instead.
+    int64_t connect_ms = 4000;
+    (void)params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &connect_ms);
+    connect_ms = std::min<int64_t>(connect_ms, 1000);
+    const Deadline answered_by = Deadline::after_ms(static_cast<int>(connect_ms));
     pollfd pfd{fd.get(), POLLOUT, 0};
     while (::poll(&pfd, 1, deadline.remaining_ms(100)) == 0)
-      if (deadline.expired()) return Timeout("connect() did not finish");
+      if (deadline.expired() || answered_by.expired())
+        return Timeout("its TCP handshake was not answered within " + std::to_string(connect_ms) +
+                       " ms (COMM_SOCKET_CONNECT_TIMEOUT_MS)");
     int err = 0;
     socklen_t len = sizeof err;
     (void)::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);

@@ -13,6 +13,7 @@
 #include "connect.h"
 #include "device/device.h"
 #include "init_agreement.h"
+#include "interfaces.h"
 #include "log.h"
 #include "observe/live.h"
 #include "params.h"
@@ -147,6 +148,8 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   const auto nccl = tuning::nccl_settings(c->settings.profile.get(), c->size, &nccl_notes);
   for (const auto& n : nccl_notes) COMM_INFO(kEnv, "rank %d: tuning: %s", c->rank, n.c_str());
   topology::prepare_process(c->job_store.get(), nccl);
+  // The route to the store's host puts its interface first among a socket listener's (interfaces.h).
+  topology::remember_store_host(id.store_host);
   Agreed agreed;  // its tree server lives until comm_init returns
   COMM_RETURN_IF_ERROR(agree_at_init(*c->job_store, id, c->settings, &c->secret, &agreed));
   c->all_local = agreed.all_local;

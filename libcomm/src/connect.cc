@@ -82,14 +82,15 @@ transport::ConnectRequest request_for(comm_t c, const std::string& kind, const t
   return r;
 }
 
-// Where a socket-based transport listens (topology/interfaces.h): COMM_SOCKET_IFNAME, else
-// NCCL_SOCKET_IFNAME, else lo when every rank is on this host.
+// Where a socket-based transport listens (topology/interfaces.h): the addresses of the
+// interfaces COMM_SOCKET_IFNAME, else NCCL_SOCKET_IFNAME, chooses (the route to the store
+// first), else lo when every rank is on this host.
 Status choose_listen_address(comm_t c, transport::ListenAddress* out) {
-  topology::Interface itf;
   std::string why;
-  Status st = topology::choose_socket_interface(c->all_local, &itf, &why);
+  Status st = topology::choose_socket_addresses(c->all_local, &out->addresses, &why);
   if (!st.ok()) return st.prefixed("comm " + c->id + " rank " + std::to_string(c->rank) + ": socket transport: ");
-  *out = {itf.address, itf.family, why};
+  out->why = why;
+  out->route_ifname = topology::store_route_interface();
   return Status::Ok();
 }
 

@@ -16,6 +16,7 @@
 #include "interfaces.h"
 #include "log.h"
 #include "params.h"
+#include "posix/endpoints.h"
 #include "posix/socket.h"
 #include "process_plan.h"
 #include "registry.h"
@@ -143,21 +144,22 @@ bool early_listener_likely(const CommSettings& s, bool all_local) {
 std::string listen_early(const Identity& id, const CommSettings& s, std::shared_ptr<transport::EarlyListener>* out) {
   const bool guess_local = id.local_world_size > 0 && id.local_world_size == id.world_size;
   if (id.world_size < 2 || !early_listener_likely(s, guess_local)) return "-";
-  topology::Interface itf;
-  std::string why;
+  std::vector<posix::LocalAddress> where;
+  std::vector<posix::Endpoint> published;
+  std::string why, skipped;
   auto early = std::make_shared<transport::EarlyListener>();
-  posix::SockAddr bound;
-  Status st = topology::choose_socket_interface(guess_local, &itf, &why);
+  Status st = topology::choose_socket_addresses(guess_local, &where, &why);
   // The backlog covers every peer dialing all its connections at once (the kernel caps it).
-  if (st.ok()) st = posix::listen_on(itf.address, itf.family, id.world_size * 8 + 16, &early->fd, &bound);
+  if (st.ok()) st = posix::listen_on_each(where, id.world_size * 8 + 16, &early->fds, &published, &skipped);
   if (!st.ok()) {
     COMM_INFO(kNet, "rank %d: no listener before the init check (%s); the socket transport makes its own",
               id.rank, st.message().c_str());
     return "-";
   }
+  if (!skipped.empty()) COMM_INFO(kNet, "rank %d: not listening on %s", id.rank, skipped.c_str());
   *out = std::move(early);
   std::string tagged(1, guess_local ? 'L' : 'R');
-  tagged += posix::format_address(bound);
+  tagged += posix::encode_endpoints(published);
   return tagged;
 }
 
@@ -201,12 +203,12 @@ std::string address_table(const std::vector<std::string>& tagged, const std::vec
 }
 
 // The host of a table entry: "host:port", "[v6]:port" or a bare host.
+// With several addresses (posix/endpoints.h), the first: the one on the route to the store.
 std::string entry_host(const std::string& entry, bool has_port) {
   if (!has_port) return entry == "-" ? "" : entry;
-  const size_t colon = entry.rfind(':');
-  std::string host = colon == std::string::npos ? entry : entry.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
+  std::vector<posix::Endpoint> list;
+  if (!posix::decode_endpoints(entry, &list)) return "";
+  return posix::endpoint_host(list.front().hostport);
 }
 
 // Reads the verdict's table: the listener addresses (empty unless "S") and every rank's host.
@@ -416,10 +418,13 @@ Status agree_at_init(Store& store, const Identity& id, const CommSettings& s, st
     std::string hook;
     COMM_RETURN_IF_ERROR(test_tree_hook(id.rank, &hook));
     const bool guess_local = id.local_world_size > 0 && id.local_world_size == id.world_size;
-    topology::Interface itf;
+    // The address on the route to the store: the interface that reaches rank 0 already.
+    std::vector<posix::LocalAddress> where;
     std::string why;
-    Status st = topology::choose_socket_interface(guess_local, &itf, &why);
-    if (st.ok()) st = VerdictServer::start(id.rank, itf.address, itf.family, guess_local, hook, &out->tree_server);
+    Status st = topology::choose_socket_addresses(guess_local, &where, &why);
+    if (st.ok())
+      st = VerdictServer::start(id.rank, where.front().address, where.front().family, guess_local, hook,
+                                &out->tree_server);
     if (!st.ok())
       COMM_INFO(kInit, "rank %d: no listener for the init verdict's tree (%s); its children read the store",
                 id.rank, st.message().c_str());

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "interfaces.h"
+#include "posix/endpoints.h"
 #include "posix/fd.h"
 #include "socket/net.h"
 #include "socket/socket_transport.h"
@@ -161,16 +162,18 @@ Options options_for(int rank, int size, std::shared_ptr<Store> store, std::share
   o.comm_label = "test";
   o.all_local = true;
   o.tls = std::move(tls);
-  topology::Interface itf;
   std::string why;
-  if (topology::choose_socket_interface(o.all_local, &itf, &why).ok()) o.listen = {itf.address, itf.family, why};
+  if (topology::choose_socket_addresses(o.all_local, &o.listen.addresses, &why).ok()) o.listen.why = why;
   return o;
 }
 
+// The first of the addresses a rank published ("lo/127.0.0.1:41000,..."): its "host:port".
 std::string published_address_of(const std::shared_ptr<Store>& store, int rank) {
-  std::string address;
-  REQUIRE(store->get("addr/" + std::to_string(rank), &address, Deadline::after_ms(10000)).ok());
-  return address;
+  std::string text;
+  REQUIRE(store->get("addr/" + std::to_string(rank), &text, Deadline::after_ms(10000)).ok());
+  std::vector<posix::Endpoint> list;
+  REQUIRE(posix::decode_endpoints(text, &list));
+  return list.front().hostport;
 }
 
 // Two ranks; rank 1's dials to rank 0 go through a relay that records every byte.

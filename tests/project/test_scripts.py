@@ -18,7 +18,8 @@ import unittest
 
 SOURCE = os.path.abspath(sys.argv[1])
 TEST_ONLY = {"catch2", "python3-numpy", "python3-torch", "python3-matplotlib", "libtorch-dev", "pybind11-dev",
-             "python3-dev", "python3-venv", "python3-setuptools", "python3-wheel", "prometheus"}
+             "python3-dev", "python3-venv", "python3-setuptools", "python3-wheel", "prometheus", "iproute2",
+             "iptables"}
 
 
 def stub(path, body):

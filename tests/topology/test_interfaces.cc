@@ -129,3 +129,18 @@ TEST_CASE("this machine's interfaces: lo is not chosen by default when eth0 is u
   REQUIRE(select_interfaces("=lo", all, &chosen, &why).ok());
   CHECK(chosen.front().address == "127.0.0.1");
 }
+
+// Issue 34: every chosen address is published, the route to the store's host first; the route
+// only reorders what the spec chose, never adds to it.
+TEST_CASE("the interface on the route to the store goes first, the rest keep their order", "[interfaces]") {
+  std::vector<Interface> list = {v4("eth0", "10.76.0.1"), v6("eth1", "fd77::1"), v4("eth1", "10.77.0.1"),
+                                 v4("eth2", "10.78.0.1")};
+  comm::topology::put_route_first("10.77.0.1", &list);
+  CHECK(names(list) == std::vector<std::string>{"eth1/fd77::1", "eth1/10.77.0.1", "eth0/10.76.0.1", "eth2/10.78.0.1"});
+  // A route through an interface the spec left out changes nothing.
+  std::vector<Interface> chosen = {v4("eth0", "10.76.0.1"), v4("eth2", "10.78.0.1")};
+  comm::topology::put_route_first("10.77.0.1", &chosen);
+  CHECK(names(chosen) == std::vector<std::string>{"eth0/10.76.0.1", "eth2/10.78.0.1"});
+  comm::topology::put_route_first("", &chosen);
+  CHECK(names(chosen) == std::vector<std::string>{"eth0/10.76.0.1", "eth2/10.78.0.1"});
+}

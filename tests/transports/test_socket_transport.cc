@@ -21,6 +21,7 @@
 #include "params.h"
 #include "store/store.h"
 #include "interfaces.h"
+#include "posix/endpoints.h"
 #include "socket/net.h"
 #include "socket/socket_transport.h"
 #include "socket/wire.h"
@@ -60,9 +61,8 @@ Options options_for(int rank, int size, std::shared_ptr<Store> store, int timeou
   o.comm_label = "test";
   o.all_local = true;  // single-host tests stay on loopback
   // The interface, chosen as the core chooses it (COMM_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, lo).
-  topology::Interface itf;
   std::string why;
-  if (topology::choose_socket_interface(o.all_local, &itf, &why).ok()) o.listen = {itf.address, itf.family, why};
+  if (topology::choose_socket_addresses(o.all_local, &o.listen.addresses, &why).ok()) o.listen.why = why;
   return o;
 }
 
@@ -91,10 +91,13 @@ World make_world(int n, int timeout_ms = kTestTimeoutMs) {
   return w;
 }
 
+// The first of the addresses a rank published ("lo/127.0.0.1:41000,..."): its "host:port".
 std::string published_address_of(const std::shared_ptr<Store>& store, int rank) {
-  std::string address;
-  REQUIRE(store->get("addr/" + std::to_string(rank), &address, Deadline::after_ms(10000)).ok());
-  return address;
+  std::string text;
+  REQUIRE(store->get("addr/" + std::to_string(rank), &text, Deadline::after_ms(10000)).ok());
+  std::vector<posix::Endpoint> list;
+  REQUIRE(posix::decode_endpoints(text, &list));
+  return list.front().hostport;
 }
 
 int configured_nconns() {
@@ -128,11 +131,11 @@ bool recv_exact(int fd, void* buf, size_t n) { return ::recv(fd, buf, n, MSG_WAI
 // acceptor's challenge, the Proof; returns the acceptor's verdict. *proved_back: a kOk came with
 // the acceptor's valid proof of `secret`.
 sock::Reply handshake_by_hand(int fd, int rank, int size, int index, int nconns, const std::string& secret,
-                              bool* proved_back = nullptr) {
+                              bool* proved_back = nullptr, int target = 0) {
   Nonce mine{};
   REQUIRE(random_nonce(&mine).ok());
   sock::Hello h{sock::kHelloMagic, sock::kProtocolVersion, rank, size, static_cast<uint32_t>(index),
-                static_cast<uint32_t>(nconns), 0, {}};
+                static_cast<uint32_t>(nconns), 0, {}, target, 0};
   std::memcpy(h.nonce, mine.data(), mine.size());
   REQUIRE(::send(fd, &h, sizeof h, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof h));
   sock::Reply challenge{};
@@ -142,7 +145,7 @@ sock::Reply handshake_by_hand(int fd, int rank, int size, int index, int nconns,
   Nonce theirs{};
   REQUIRE(recv_exact(fd, theirs.data(), theirs.size()));
   sock::Proof p{sock::kProofMagic, {}};
-  const Digest proof = proof_of_secret(secret, sock::kProofContext, Prover::kClient, mine, theirs);
+  const Digest proof = proof_of_secret(secret, sock::proof_context("test", target, 0), Prover::kClient, mine, theirs);
   std::memcpy(p.proof, proof.data(), proof.size());
   REQUIRE(::send(fd, &p, sizeof p, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof p));
   sock::Reply verdict{};
@@ -151,7 +154,7 @@ sock::Reply handshake_by_hand(int fd, int rank, int size, int index, int nconns,
   if (verdict.code == static_cast<uint32_t>(sock::ReplyCode::kOk)) REQUIRE(recv_exact(fd, back, sizeof back));
   if (proved_back != nullptr)
     *proved_back = verdict.code == static_cast<uint32_t>(sock::ReplyCode::kOk) &&
-                   check_proof(secret, sock::kProofContext, Prover::kServer, mine, theirs, back);
+                   check_proof(secret, sock::proof_context("test", target, 0), Prover::kServer, mine, theirs, back);
   return verdict;
 }
 
@@ -350,7 +353,7 @@ TEST_CASE("COMM_SOCKET_IFNAME picks the interface, falling back to NCCL_SOCKET_I
   {
     EnvGuard nccl("NCCL_SOCKET_IFNAME", "=lo");
     World w = make_world(2);
-    CHECK_THAT(published_address(w, 0), Catch::StartsWith("127.0.0.1:"));
+    CHECK_THAT(published_address(w, 0), Catch::StartsWith("lo/127.0.0.1:"));
     CHECK(exchange_big(w) == "");
   }
   {
@@ -359,7 +362,7 @@ TEST_CASE("COMM_SOCKET_IFNAME picks the interface, falling back to NCCL_SOCKET_I
     EnvGuard nccl("NCCL_SOCKET_IFNAME", "=nosuch0");
     EnvGuard comm("COMM_SOCKET_IFNAME", "=lo");
     World w = make_world(2);
-    CHECK_THAT(published_address(w, 1), Catch::StartsWith("127.0.0.1:"));
+    CHECK_THAT(published_address(w, 1), Catch::StartsWith("lo/127.0.0.1:"));
   }
   {
     EnvGuard comm("COMM_SOCKET_IFNAME", "=nosuch0");
@@ -544,7 +547,7 @@ TEST_CASE("a rank that cannot listen fails every rank at setup, named, not at th
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       Options o = options_for(r, n, store);
-      if (r == 1) o.listen = {"192.0.2.256", AF_INET, "a test's unusable address"};
+      if (r == 1) o.listen = {{{"test0", "192.0.2.256", AF_INET}}, "a test's unusable address", ""};
       status[static_cast<size_t>(r)] = create_socket_transport(o, &t[static_cast<size_t>(r)]);
     });
   for (auto& th : threads) th.join();

@@ -86,6 +86,7 @@ struct Connection {
   bool hup_seen = false;     // hung up while stashed: poll would report it forever, so skip it
   bool closed = false;       // nothing more moves on it
   bool close_is_exit = true;  // closed / reset (the peer died), rather than garbage
+  bool close_is_network = false;  // never connected: no address of the peer leads to it
   std::string close_reason;  // completes "rank 3 <reason> during allreduce #5"
 };
 

@@ -23,9 +23,10 @@ Mesh::~Mesh() = default;
 std::string Mesh::me() const { return c_.label + (c_.label.empty() ? "" : " ") + "rank " + std::to_string(c_.rank); }
 
 Status Mesh::start() {
-  SockAddr bound;
+  std::vector<posix::Endpoint> published;
+  std::string skipped;
   // The backlog covers every peer dialing at once (the kernel caps it at somaxconn).
-  Status st = listen_on(c_.host, c_.family, c_.size * c_.nconns + 16, &listener_, &bound);
+  Status st = posix::listen_on_each(c_.listen, c_.size * c_.nconns + 16, &listeners_, &published, &skipped);
   if (!st.ok()) {
     if (posix::out_of_fds(errno)) st = SystemError(posix::out_of_fds_text(errno, "opening its listening socket"));
     st = st.prefixed(me() + ": socket transport: ");
@@ -33,18 +34,19 @@ Status Mesh::start() {
     (void)c_.store->set("addr/" + std::to_string(c_.rank), "!" + st.message());
     return st;
   }
-  listen_text_ = format_address(bound);
+  if (!skipped.empty()) COMM_INFO(kNet, "%s: socket transport not listening on %s", me().c_str(), skipped.c_str());
+  listen_text_ = posix::encode_endpoints(published);
   // Published before anything waits: a test (or an operator's probe) can find it here.
   COMM_RETURN_IF_ERROR(c_.store->set("addr/" + std::to_string(c_.rank), listen_text_));
   COMM_INFO(kNet, "%s: socket transport listening on %s", me().c_str(), listen_text_.c_str());
   return read_table();
 }
 
-Status Mesh::adopt(Fd listener, std::vector<std::string> table) {
-  if (!listener.valid() || static_cast<int>(table.size()) != c_.size)
+Status Mesh::adopt(std::vector<Fd> listeners, std::vector<std::string> table) {
+  if (listeners.empty() || static_cast<int>(table.size()) != c_.size)
     return Internal(me() + ": socket transport: the early listener's table has " + std::to_string(table.size()) +
                     " entries for " + std::to_string(c_.size) + " ranks");
-  listener_ = std::move(listener);
+  listeners_ = std::move(listeners);
   addrs_ = std::move(table);
   listen_text_ = addrs_[static_cast<size_t>(c_.rank)];
   COMM_INFO(kNet, "%s: socket transport listening on %s (address table from the init verdict)", me().c_str(),
@@ -126,8 +128,7 @@ Status Mesh::connect_all(std::vector<MeshLink>* done) {
       for (const auto& o : outgoing_) {
         if (o.state == OutState::kDone || o.peer == last_peer) continue;
         last_peer = o.peer;
-        text += "; could not connect to rank " + std::to_string(o.peer) + " at " + addrs_[static_cast<size_t>(o.peer)] +
-                " (last error: " + o.last_error + ")";
+        text += "; could not connect to rank " + std::to_string(o.peer) + " (" + attempts_text(o.peer) + ")";
       }
       return Timeout(text);
     }
@@ -145,35 +146,15 @@ Status Mesh::connect_all(std::vector<MeshLink>* done) {
   return Status::Ok();
 }
 
-void Mesh::want(int peer, int count) {
-  if (peer < 0 || peer >= c_.size || peer == c_.rank) return;
-  for (int index = 0; index < std::min(count, c_.nconns); ++index) {
-    if (linked_[slot(peer, index)] != kNotLinked) continue;  // up, or the peer dials it
-    bool under_way = false;
-    for (const auto& o : outgoing_)
-      under_way = under_way || (o.peer == peer && o.index == index && o.state != OutState::kDone);
-    if (under_way) continue;
-    Outgoing o;
-    o.peer = peer;
-    o.index = index;
-    o.retry_at = Clock::now();
-    const std::string& text = addrs_[static_cast<size_t>(peer)];
-    if (!parse_address(text, &o.addr).ok()) {
-      o.last_error = "published an unreadable socket address '" + text + "'";
-      o.unusable = true;
-    }
-    COMM_INFO(kNet, "%s: connecting to rank %d (connection #%d) at %s, first needed now", me().c_str(), peer, index,
-              text.c_str());
-    outgoing_.push_back(std::move(o));
-  }
-}
-
 void Mesh::add_polls(std::vector<pollfd>* pfds, Clock::time_point* wake) {
-  if (listener_.valid()) pfds->push_back({listener_.get(), POLLIN, 0});
+  for (const auto& l : listeners_) pfds->push_back({l.get(), POLLIN, 0});
   for (auto& in : incoming_) pfds->push_back({in.fd.get(), in.tls.session ? in.tls.events : short{POLLIN}, 0});
   for (auto& o : outgoing_) {
     short events = 0;
     if (o.state == OutState::kWaitRetry) *wake = std::min(*wake, std::max(o.retry_at, Clock::now()));
+    // An unanswered TCP handshake is a miss at its deadline (mesh_dial.cc).
+    if (o.state == OutState::kConnecting)
+      *wake = std::min(*wake, o.dial_started + std::chrono::milliseconds(c_.connect_timeout_ms));
     if (o.state == OutState::kConnecting || o.state == OutState::kSendHello) events = POLLOUT;
     if (o.state == OutState::kAwaitReply) events = POLLIN;
     if (o.state == OutState::kTls) events = o.tls.events;
@@ -186,12 +167,12 @@ Status Mesh::on_poll(const pollfd* pfds, size_t n, std::vector<MeshLink>* done, 
   COMM_RETURN_IF_ERROR(fatal_);
   size_t k = 0;
   bool accept_ready = false;
-  if (listener_.valid() && k < n) accept_ready = (pfds[k++].revents & POLLIN) != 0;
+  for (size_t l = 0; l < listeners_.size() && k < n; ++l) accept_ready = (pfds[k++].revents & POLLIN) != 0 || accept_ready;
   const size_t n_in = incoming_.size(), n_out = outgoing_.size();
   for (size_t i = 0; i < n_in && k < n; ++i, ++k)
     if (pfds[k].revents != 0 && incoming_[i].fd.valid()) COMM_RETURN_IF_ERROR(on_incoming(incoming_[i], done));
   for (size_t i = 0; i < n_out && k < n; ++i, ++k)
-    if (pfds[k].revents != 0 && outgoing_[i].state != OutState::kDone)
+    if (pfds[k].revents != 0 && outgoing_[i].state != OutState::kDone && outgoing_[i].state != OutState::kMissed)
       COMM_RETURN_IF_ERROR(on_outgoing(outgoing_[i], done, failed));
   std::erase_if(incoming_, [](const Incoming& in) { return !in.fd.valid(); });
   std::erase_if(outgoing_, [](const Outgoing& o) { return o.state == OutState::kDone; });
@@ -199,50 +180,32 @@ Status Mesh::on_poll(const pollfd* pfds, size_t n, std::vector<MeshLink>* done, 
   return Status::Ok();
 }
 
-void Mesh::on_time(std::vector<MeshFailure>* failed) {
-  Clock::time_point now = Clock::now();
-  for (auto& o : outgoing_) {
-    if (o.state == OutState::kDone) continue;
-    // Lazy dials retry until the caller's wait times out (naming the peer); only an address
-    // that cannot be dialed at all fails at once.
-    if (o.unusable) {
-      give_up(o, o.last_error, false, failed);
-      continue;
-    }
-    if (o.state == OutState::kWaitRetry && now >= o.retry_at) {
-      Status st = start_connect(o);
-      if (!st.ok() && fatal_.ok()) fatal_ = st;
-      if (o.state == OutState::kWaitRetry && o.refusals >= kRefusalsMeanGone)
-        give_up(o, "refused the connection at " + addrs_[static_cast<size_t>(o.peer)] +
-                       " (nothing listens there any more)", true, failed);
-    }
-  }
-  std::erase_if(outgoing_, [](const Outgoing& o) { return o.state == OutState::kDone; });
-}
-
 Status Mesh::accept_all() {
-  for (;;) {
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (posix::out_of_fds(errno)) {
-        fatal_ = SystemError(me() + ": socket transport " +
-                             posix::out_of_fds_text(errno, "accepting a peer's connection"));
-        return fatal_;
+  for (const auto& listener : listeners_) {
+    for (;;) {
+      int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (posix::out_of_fds(errno)) {
+          fatal_ = SystemError(me() + ": socket transport " +
+                               posix::out_of_fds_text(errno, "accepting a peer's connection"));
+          return fatal_;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          COMM_WARN(kNet, "%s: accept() failed: %s", me().c_str(), errno_string(errno).c_str());
+        break;
       }
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        COMM_WARN(kNet, "%s: accept() failed: %s", me().c_str(), errno_string(errno).c_str());
-      return Status::Ok();
+      Incoming in;
+      in.fd.reset(fd);
+      in.remote = peer_address(fd);
+      if (incoming_.size() >= kMaxPendingAccepts) {
+        drop(incoming_.front(), "too many unfinished handshakes; shedding the oldest");
+        incoming_.erase(incoming_.begin());
+      }
+      incoming_.push_back(std::move(in));
     }
-    Incoming in;
-    in.fd.reset(fd);
-    in.remote = peer_address(fd);
-    if (incoming_.size() >= kMaxPendingAccepts) {
-      drop(incoming_.front(), "too many unfinished handshakes; shedding the oldest");
-      incoming_.erase(incoming_.begin());
-    }
-    incoming_.push_back(std::move(in));
   }
+  return Status::Ok();
 }
 
 Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
@@ -264,7 +227,9 @@ Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
     }
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) drop(in, "handshake read failed: " + errno_string(errno));
+      // A reset: a dialer whose other attempt (or whose peer's crossing dial) won closed this one.
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        drop(in, "handshake read failed: " + errno_string(errno), errno == ECONNRESET);
       return Status::Ok();
     }
     in.got += static_cast<size_t>(n);
@@ -289,6 +254,14 @@ bool Mesh::challenge(Incoming& in) {
     drop(in, problem);
     return false;
   }
+  if (in.hello.target != c_.rank) {
+    // A dial meant for another rank: an address that several hosts have led it here. The
+    // dialer moves on to the peer's next address (mesh_dial.cc); nothing is wrong with this rank.
+    reply(in, static_cast<uint32_t>(ReplyCode::kWrongRank), static_cast<uint32_t>(c_.rank));
+    drop(in, "dialed rank " + std::to_string(in.hello.target) + " (claims rank " + std::to_string(in.hello.rank) +
+                 "); told it this is rank " + std::to_string(c_.rank), true);
+    return false;
+  }
   Status st = random_nonce(&in.server_nonce);
   if (!st.ok()) {
     drop(in, st.message());
@@ -308,7 +281,7 @@ Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
   Nonce client_nonce;
   std::memcpy(client_nonce.data(), h.nonce, client_nonce.size());
   if (in.proof.magic != kProofMagic ||
-      !check_proof(c_.secret, kProofContext, Prover::kClient, client_nonce, in.server_nonce, in.proof.proof)) {
+      !check_proof(c_.secret, context_for(c_.rank), Prover::kClient, client_nonce, in.server_nonce, in.proof.proof)) {
     reply(in, static_cast<uint32_t>(ReplyCode::kBadSecret), 0);
     drop(in, "could not prove it holds this job's secret (claimed rank " + std::to_string(h.rank) + ")");
     return Status::Ok();
@@ -360,7 +333,7 @@ Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
     o.state = OutState::kDone;
   }
   // The acceptor's own proof goes with the kOk: the connector checks it (on_outgoing).
-  const Digest mine = proof_of_secret(c_.secret, kProofContext, Prover::kServer, client_nonce, in.server_nonce);
+  const Digest mine = proof_of_secret(c_.secret, context_for(c_.rank), Prover::kServer, client_nonce, in.server_nonce);
   if (!reply(in, static_cast<uint32_t>(ReplyCode::kOk), 0, mine.data(), mine.size())) {
     drop(in, "could not be sent the handshake reply: " + errno_string(errno));
     return Status::Ok();
@@ -378,13 +351,13 @@ Status Mesh::validate(Incoming& in, std::vector<MeshLink>* done) {
 }
 
 void Mesh::stop_listening() {
-  listener_.reset();
+  listeners_.clear();
   incoming_.clear();
 }
 
 std::string Mesh::why_not_connected(int peer) const {
   for (const auto& o : outgoing_)
-    if (o.peer == peer && o.state != OutState::kDone) return "dialing it: " + o.last_error;
+    if (o.peer == peer && o.state != OutState::kDone) return "dialing it: " + attempts_text(peer);
   if (linked_[slot(peer, 0)] == kPeerDials) return "it dials this rank (both dialed; its dial wins), not arrived yet";
   return "it never dialed this rank";
 }
@@ -405,177 +378,6 @@ void Mesh::drop(Incoming& in, const std::string& why, bool quiet) {
   else
     COMM_WARN(kNet, "%s: dropped connection from %s: %s", me().c_str(), in.remote.c_str(), why.c_str());
   in.fd.reset();
-}
-
-Status Mesh::start_connect(Outgoing& o) {
-  o.fd.reset(::socket(o.addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!o.fd.valid()) {
-    if (posix::out_of_fds(errno))
-      return SystemError(me() + ": socket transport " +
-                         posix::out_of_fds_text(errno, "connecting to rank " + std::to_string(o.peer)));
-    retry(o, "socket(): " + errno_string(errno));
-    return Status::Ok();
-  }
-  // A fresh nonce per attempt: no two handshakes of this rank are alike.
-  Status st = random_nonce(&o.nonce);
-  if (!st.ok()) return st.prefixed(me() + ": socket transport: ");
-  Hello h{kHelloMagic, kProtocolVersion, c_.rank, c_.size, static_cast<uint32_t>(o.index),
-          static_cast<uint32_t>(c_.nconns), c_.tls != nullptr ? kHelloTls : 0, {}};
-  std::memcpy(h.nonce, o.nonce.data(), sizeof h.nonce);
-  o.out.assign(reinterpret_cast<const char*>(&h), sizeof h);
-  o.proved = false;
-  o.sent = 0;
-  o.got = 0;
-  if (::connect(o.fd.get(), o.addr.get(), o.addr.len) == 0) {
-    o.state = OutState::kSendHello;
-  } else if (errno == EINPROGRESS || errno == EINTR) {
-    o.state = OutState::kConnecting;
-  } else {
-    if (errno == ECONNREFUSED) ++o.refusals;
-    retry(o, "connect(): " + errno_string(errno));
-  }
-  return Status::Ok();
-}
-
-Status Mesh::on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<MeshFailure>* failed) {
-  const std::string& where = addrs_[static_cast<size_t>(o.peer)];
-  if (o.state == OutState::kTls) return tls_connected(o, done);
-  if (o.state == OutState::kConnecting) {
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (::getsockopt(o.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-    if (err != 0) {
-      if (err == ECONNREFUSED && ++o.refusals >= kRefusalsMeanGone) {
-        give_up(o, "refused the connection at " + where + " (nothing listens there any more)", true, failed);
-        return Status::Ok();
-      }
-      retry(o, "connect(): " + errno_string(err));
-      return Status::Ok();
-    }
-    o.state = OutState::kSendHello;
-  }
-  if (o.state == OutState::kSendHello) {
-    while (o.sent < o.out.size()) {
-      ssize_t n = ::send(o.fd.get(), o.out.data() + o.sent, o.out.size() - o.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) retry(o, "sending the handshake: " + errno_string(errno));
-        return Status::Ok();
-      }
-      o.sent += static_cast<size_t>(n);
-    }
-    o.state = OutState::kAwaitReply;
-    o.last_error = "connected, but no handshake reply came (is that rank stuck outside libcomm?)";
-    return Status::Ok();
-  }
-  if (o.state != OutState::kAwaitReply) return Status::Ok();
-  for (;;) {
-    // The Reply, then what its code says follows it (reply_extra_bytes).
-    const size_t want = sizeof o.reply + (o.got >= sizeof o.reply ? reply_extra_bytes(o.reply.code) : 0);
-    if (o.got == want) break;
-    char* dst = o.got < sizeof o.reply ? reinterpret_cast<char*>(&o.reply) + o.got
-                                       : reinterpret_cast<char*>(o.extra) + (o.got - sizeof o.reply);
-    const size_t room = o.got < sizeof o.reply ? sizeof o.reply - o.got : want - o.got;
-    ssize_t n = ::recv(o.fd.get(), dst, room, MSG_DONTWAIT);
-    if (n == 0) {
-      // Shed under load, or the peer is restarting: try again until the deadline.
-      retry(o, "the peer closed the connection during the handshake");
-      return Status::Ok();
-    }
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) retry(o, "reading the handshake reply: " + errno_string(errno));
-      return Status::Ok();
-    }
-    o.got += static_cast<size_t>(n);
-  }
-  if (o.reply.magic != kReplyMagic) {
-    retry(o, "the listener is not a libcomm peer (bad reply magic)");
-    return Status::Ok();
-  }
-  if (o.reply.code == static_cast<uint32_t>(ReplyCode::kChallenge) && !o.proved) {
-    // Prove the secret over both nonces, then wait for the verdict.
-    Nonce server_nonce;
-    std::memcpy(server_nonce.data(), o.extra, server_nonce.size());
-    Proof p{kProofMagic, {}};
-    const Digest mine = proof_of_secret(c_.secret, kProofContext, Prover::kClient, o.nonce, server_nonce);
-    std::memcpy(p.proof, mine.data(), sizeof p.proof);
-    std::memcpy(o.server_nonce.data(), server_nonce.data(), server_nonce.size());
-    o.out.assign(reinterpret_cast<const char*>(&p), sizeof p);
-    o.sent = 0;
-    o.got = 0;
-    o.proved = true;
-    o.state = OutState::kSendHello;
-    return Status::Ok();
-  }
-  if (o.reply.code == static_cast<uint32_t>(ReplyCode::kYield) ||
-      (o.reply.code == static_cast<uint32_t>(ReplyCode::kDuplicate) && linked_[slot(o.peer, o.index)] == kLinked)) {
-    // The peer's own dial wins (or already won): it arrives through the listener.
-    if (!linked_[slot(o.peer, o.index)]) linked_[slot(o.peer, o.index)] = kPeerDials;
-    o.fd.reset();
-    o.state = OutState::kDone;
-    return Status::Ok();
-  }
-  if (o.reply.code != static_cast<uint32_t>(ReplyCode::kOk) || !o.proved) return refused(o);
-  if (!check_proof(c_.secret, kProofContext, Prover::kServer, o.nonce, o.server_nonce, o.extra))
-    return SystemError(me() + ": rank " + std::to_string(o.peer) + " at " + where +
-                       " accepted this rank's connection but could not prove it holds this job's secret (is the "
-                       "address in the store left over from another job, or is someone else listening there?)");
-  set_nodelay(o.fd.get());
-  linked_[slot(o.peer, o.index)] = kLinked;
-  ++connected_;
-  if (c_.tls) {
-    COMM_RETURN_IF_ERROR(tls_start(&o.tls, o.fd.get(), true));
-    o.state = OutState::kTls;
-    o.last_error = "connected, but the TLS handshake did not finish";
-    return tls_connected(o, done);
-  }
-  COMM_INFO(kNet, "%s: connected to rank %d (connection #%d, %s)", me().c_str(), o.peer, o.index, where.c_str());
-  done->push_back(MeshLink{o.peer, o.index, std::move(o.fd), where, nullptr});
-  o.state = OutState::kDone;
-  return Status::Ok();
-}
-
-Status Mesh::refused(const Outgoing& o) {
-  std::string who = me() + ": rank " + std::to_string(o.peer) + " at " + addrs_[static_cast<size_t>(o.peer)];
-  switch (static_cast<ReplyCode>(o.reply.code)) {
-    case ReplyCode::kBadSecret:
-      return SystemError(who + " refused this rank's connection: wrong job secret (is the address in the store "
-                               "left over from another job?)");
-    case ReplyCode::kBadVersion:
-      return InvalidUsage(who + " speaks wire protocol version " + std::to_string(o.reply.value) +
-                          ", this rank " + std::to_string(kProtocolVersion) + "; use the same libcomm on every rank");
-    case ReplyCode::kSizeMismatch:
-      return InvalidUsage(who + " has world size " + std::to_string(o.reply.value) + " but this rank has " +
-                          std::to_string(c_.size));
-    case ReplyCode::kTlsMismatch:
-      return InvalidUsage(who + (o.reply.value != 0 ? " requires TLS (COMM_TLS=1) but this rank runs without it"
-                                                    : " runs without TLS (COMM_TLS=0) but this rank requires it") +
-                          "; set the same COMM_TLS on every rank");
-    case ReplyCode::kNconnsMismatch:
-      return InvalidUsage(who + " uses COMM_SOCKET_NCONNS=" + std::to_string(o.reply.value) +
-                          " but this rank uses " + std::to_string(c_.nconns) + "; set the same value on every rank");
-    default:
-      return Internal(who + " refused connection #" + std::to_string(o.index) + " (reply code " +
-                      std::to_string(o.reply.code) + ")");
-  }
-}
-
-void Mesh::retry(Outgoing& o, const std::string& why) {
-  o.fd.reset();
-  o.last_error = why;
-  o.state = OutState::kWaitRetry;
-  o.retry_at = Clock::now() + std::chrono::milliseconds(o.backoff_ms);
-  COMM_INFO(kNet, "%s: connection #%d to rank %d at %s failed (%s); retrying in %d ms", me().c_str(), o.index, o.peer,
-            addrs_[static_cast<size_t>(o.peer)].c_str(), why.c_str(), o.backoff_ms);
-  o.backoff_ms = std::min(o.backoff_ms * 2, kMaxBackoffMs);
-}
-
-void Mesh::give_up(Outgoing& o, const std::string& reason, bool is_exit, std::vector<MeshFailure>* failed) {
-  o.fd.reset();
-  o.state = OutState::kDone;
-  COMM_WARN(kNet, "%s: rank %d %s", me().c_str(), o.peer, reason.c_str());
-  failed->push_back(MeshFailure{o.peer, reason, is_exit});
 }
 
 }  // namespace comm::transport::sock

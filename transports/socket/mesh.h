@@ -1,13 +1,17 @@
 // The socket transport's connections, made when a peer is first needed (docs/design.md,
-// "Connections"). Every rank listens for the job's life and publishes "addr/<rank>"; rank 0
+// "Connections"). Every rank listens for the job's life, on each address of its chosen
+// interfaces (docs/topology.md, "Messy networks"), and publishes them all as "addr/<rank>"; rank 0
 // gathers the addresses into one table ("addrs") that every rank reads once, so the store
 // answers n reads, not n^2 (the world's comes in the init verdict instead, with a listener the
 // core made before it: adopt()). A rank that needs a peer dials its `nconns` connections; each
-// connection presents {magic, version, rank, index}, proves the job secret by
+// connection presents {magic, version, rank, index, the rank it dials}, proves the job secret by
 // challenge-response (socket/wire.h, crypto/proof.h: the secret never goes on the wire), and
 // the acceptor checks it all, proves the secret back and replies. Both ranks of a pair may dial at once: per connection index the dial of the
 // higher rank wins (the lower one is answered kYield and waits for the higher one's dial),
 // so exactly one connection per index survives and neither side waits for the other.
+// A dial tries the peer's addresses Happy-Eyeballs style (mesh_dial.cc): staggered, in parallel,
+// an address that fails for sure or whose TCP handshake goes unanswered is a miss, and only a
+// peer none of whose addresses works fails, naming each address and its error.
 // Strangers and garbage are dropped with a log line. COMM_SOCKET_EAGER=1 connects every
 // pair at setup (the higher rank dials), as before lazy connections.
 #pragma once
@@ -21,6 +25,7 @@
 
 #include "deadline.h"
 #include "store/store.h"
+#include "posix/endpoints.h"
 #include "socket/net.h"
 #include "tls/tls.h"
 
@@ -34,8 +39,10 @@ struct MeshConfig {
   std::string secret;
   std::string label;  // for log lines
   Store* store = nullptr;
-  std::string host;  // numeric address of the chosen interface
-  int family = 0;
+  std::vector<posix::LocalAddress> listen;  // where to listen, in order of preference
+  std::vector<int> host_of;  // every rank's host number (the proofs bind it); empty: all 0
+  int connect_timeout_ms = 4000;  // COMM_SOCKET_CONNECT_TIMEOUT_MS: one address's TCP handshake
+  std::string route_ifname;  // the interface that reaches the store's host, for a failure's fix
   // COMM_TLS: after the handshake every connection runs TLS 1.3 (mesh_tls.cc); null: plaintext.
   std::shared_ptr<tls::Context> tls;
 };
@@ -64,6 +71,7 @@ struct MeshFailure {
   int peer = -1;
   std::string reason;
   bool is_exit = false;
+  bool unreachable = false;  // no address of the peer leads to it from here: a network error
 };
 
 class Mesh {
@@ -76,9 +84,9 @@ class Mesh {
   // Listens, publishes this rank's address, reads the table. A rank that cannot listen
   // publishes why, so every rank fails at once naming it instead of waiting for its address.
   Status start();
-  // start() for the world at init: the listener the core made before the verdict and the
+  // start() for the world at init: the listeners the core made before the verdict and the
   // table that came in it (transport.h, EarlyListener), so the store is not read again.
-  Status adopt(Fd listener, std::vector<std::string> table);
+  Status adopt(std::vector<Fd> listeners, std::vector<std::string> table);
   // Eager mode: every connection of this rank, before returning (bounded by the timeout).
   Status connect_all(std::vector<MeshLink>* done);
 
@@ -114,11 +122,21 @@ class Mesh {
   bool challenge(Incoming& in);
   bool reply(Incoming& in, uint32_t code, uint32_t value, const uint8_t* extra = nullptr, size_t extra_bytes = 0);
   void drop(Incoming& in, const std::string& why, bool quiet = false);
-  Status start_connect(Outgoing& o);
+  Status start_connect(Outgoing& o, std::vector<MeshFailure>* failed);
   Status on_outgoing(Outgoing& o, std::vector<MeshLink>* done, std::vector<MeshFailure>* failed);
   Status refused(const Outgoing& o);
   void retry(Outgoing& o, const std::string& why);
   void give_up(Outgoing& o, const std::string& reason, bool is_exit, std::vector<MeshFailure>* failed);
+  // mesh_dial.cc: an address that does not lead to the peer; the peer fails once all have.
+  void miss(Outgoing& o, const std::string& why, std::vector<MeshFailure>* failed, bool refusal = false);
+  void linked_by(const Outgoing& winner);  // the slot is up: its other attempts end
+  bool sibling_alive(const Outgoing& o) const;
+  std::string unreachable_text(int peer, int index) const;
+  std::string describe(const Outgoing& o) const;
+  std::string addresses_of(int peer, int index) const;
+  std::string attempts_text(int peer) const;
+  void note_path(const Outgoing& o, bool works, const std::string& why) const;
+  std::string context_for(int rank) const;
   std::string me() const;
   // mesh_tls.cc: starting and stepping a TLS handshake after the libcomm one.
   enum class TlsStep { kWaiting, kDone, kFailed };
@@ -130,7 +148,7 @@ class Mesh {
   }
 
   const MeshConfig c_;
-  Fd listener_;
+  std::vector<Fd> listeners_;
   std::string listen_text_;
   std::vector<std::string> addrs_;  // every rank's listening address, from the table
   std::vector<uint8_t> linked_;     // per connection slot: up

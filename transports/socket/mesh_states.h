@@ -20,12 +20,27 @@ inline constexpr uint8_t kNotLinked = 0;
 inline constexpr uint8_t kLinked = 1;
 inline constexpr uint8_t kPeerDials = 2;  // our dial was answered kYield: the peer's arrives
 
-enum class OutState { kWaitRetry, kConnecting, kSendHello, kAwaitReply, kTls, kDone };
+// Happy Eyeballs (RFC 8305): the next address of a peer is dialed this long after the one
+// before it, unless that one fails sooner (then at once).
+inline constexpr int kStaggerMs = 250;
 
+// kMissed: this address does not lead to the peer (mesh_dial.cc); kept, with its error, until
+// the connection is up through another address or every address has missed.
+enum class OutState { kWaitRetry, kConnecting, kSendHello, kAwaitReply, kTls, kMissed, kDone };
+
+// One attempt at one connection (peer, index) through one of the peer's addresses; a
+// connection has one attempt per address, staggered.
 struct Mesh::Outgoing {
   int peer = 0;
   int index = 0;
   SockAddr addr;
+  std::string where;      // "10.77.0.2:41000": this attempt's address, for messages
+  std::string their_if;   // the peer's interface of that address ("" unknown)
+  std::string local_if;   // the interface this host routes it through ("" unknown)
+  std::string local_addr;  // and its address
+  bool started = false;   // dialed at least once (before: waiting for its turn)
+  bool refused = false;   // kMissed by refusals: nothing listens there
+  Clock::time_point dial_started{};  // the current TCP handshake's start
   std::string out;  // what goes next: the Hello, then the Proof
   Nonce nonce{};     // this connection's client nonce, fresh per attempt
   Nonce server_nonce{};  // from the acceptor's challenge
@@ -40,7 +55,7 @@ struct Mesh::Outgoing {
   Reply reply{};
   uint8_t extra[kDigestBytes] = {};  // what follows the Reply (reply_extra_bytes)
   size_t got = 0;
-  std::string last_error = "not tried yet";
+  std::string last_error = "waiting for its turn (addresses are tried 250 ms apart)";
   TlsPending tls;  // kTls: the TLS handshake after the kOk (mesh_tls.cc)
 };
 

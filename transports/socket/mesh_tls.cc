@@ -74,7 +74,7 @@ Status Mesh::tls_accepted(Incoming& in, std::vector<MeshLink>* done) {
 
 // The connector's TLS handshake after the kOk: a failure is this rank's to report, naming the peer.
 Status Mesh::tls_connected(Outgoing& o, std::vector<MeshLink>* done) {
-  const std::string& where = addrs_[static_cast<size_t>(o.peer)];
+  const std::string& where = o.where;
   if (!o.tls.handshaken) {
     const TlsStep step = tls_step(&o.tls);
     if (step == TlsStep::kWaiting) return Status::Ok();

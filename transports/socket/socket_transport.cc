@@ -50,7 +50,10 @@ void SocketTransport::install(MeshLink& link) {
 void SocketTransport::unreachable(const MeshFailure& f) {
   for (int k = 0; k < nconns_; ++k) {
     Connection& c = conn(f.peer, k);
-    if (!c.fd.valid()) close_connection(c, f.reason, f.is_exit);
+    if (!c.fd.valid()) {
+      close_connection(c, f.reason, f.is_exit);
+      c.close_is_network = f.unreachable;
+    }
   }
 }
 
@@ -203,8 +206,9 @@ Status SocketTransport::check_peers(Request& r) {
     if (r.parts[k].finished) continue;
     const Connection& c = conn(r.peer, k);
     if (!c.closed) continue;
-    return RemoteError("rank " + std::to_string(r.peer) + " " + c.close_reason + " during " + describe(r.tag) +
-                       (c.close_is_exit ? " (did it exit or crash?)" : ""));
+    const std::string text = "rank " + std::to_string(r.peer) + " " + c.close_reason + " during " + describe(r.tag) +
+                             (c.close_is_exit ? " (did it exit or crash?)" : "");
+    return c.close_is_network ? SystemError(text) : RemoteError(text);
   }
   return Status::Ok();
 }
@@ -351,13 +355,17 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     // The interface is the core's choice (topology/interfaces.h); a transport made without
     // one, every rank on this host, stays on loopback.
     ListenAddress listen = options.listen;
-    if (listen.address.empty()) {
+    if (listen.addresses.empty()) {
       if (!options.all_local)
         return InvalidArgument(me + ": socket transport: no interface to listen on (Options.listen is empty and "
                                "ranks are on several hosts)");
-      listen = {"127.0.0.1", AF_INET, "all ranks on one host: loopback"};
+      listen = {{{"lo", "127.0.0.1", AF_INET}}, "all ranks on one host: loopback", ""};
     }
-    COMM_INFO(kNet, "%s: %s; listening on %s", me.c_str(), listen.why.c_str(), listen.address.c_str());
+    std::string where;
+    for (const auto& a : listen.addresses) where += (where.empty() ? "" : ", ") + a.ifname + " " + a.address;
+    COMM_INFO(kNet, "%s: %s; listening on %s", me.c_str(), listen.why.c_str(), where.c_str());
+    int64_t connect_timeout_ms = 0;
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &connect_timeout_ms));
 
     MeshConfig config;
     config.rank = options.rank;
@@ -367,12 +375,14 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     config.secret = options.secret;
     config.label = options.comm_label;
     config.store = options.store.get();
-    config.host = listen.address;
-    config.family = listen.family;
+    config.listen = listen.addresses;
+    config.host_of = options.host_of;
+    config.connect_timeout_ms = static_cast<int>(connect_timeout_ms);
+    config.route_ifname = listen.route_ifname;
     config.tls = options.tls;
     mesh = std::make_unique<Mesh>(config);
-    if (options.early && options.early->fd.valid())
-      COMM_RETURN_IF_ERROR(mesh->adopt(std::move(options.early->fd), options.early->table));
+    if (options.early && !options.early->fds.empty())
+      COMM_RETURN_IF_ERROR(mesh->adopt(std::move(options.early->fds), options.early->table));
     else
       COMM_RETURN_IF_ERROR(mesh->start());
     if (eager != 0) COMM_RETURN_IF_ERROR(mesh->connect_all(&links));

@@ -35,6 +35,7 @@ std::string hello_problem(const Hello& h) {
     return "speaks wire protocol version " + std::to_string(h.version) + ", this rank " +
            std::to_string(kProtocolVersion);
   if ((h.flags & ~kHelloTls) != 0) return "sent garbage (handshake flags " + std::to_string(h.flags) + ")";
+  if (h.reserved != 0) return "sent garbage (handshake reserved field " + std::to_string(h.reserved) + ")";
   return "";
 }
 

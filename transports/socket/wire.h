@@ -23,9 +23,17 @@ constexpr uint64_t kProofMagic = 0x4652504d4d4f4331ull;  // "1COMMPRF"
 // 2: connections are made on first use, from either side (kYield).
 // 3: HEARTBEAT and GOODBYE frames (idle detection).
 // 4: the job secret proven by challenge-response (kChallenge, Proof), never sent.
-constexpr uint32_t kProtocolVersion = 4;
-// Binds the socket transport's proofs to this protocol (proof_of_secret's context).
-constexpr const char* kProofContext = "libcomm socket";
+// 5: the Hello names the rank it dials (target); both proofs bind the communicator, that rank
+//    and its host (proof_context), so a dial knows whom it reached (kWrongRank).
+constexpr uint32_t kProtocolVersion = 5;
+// Binds the socket transport's proofs to this protocol, to the communicator (its label, the same
+// on every rank), to the rank dialed and to that rank's host (its number in the host map): an
+// address that every host has (a Docker bridge's) can land on a listener of the same job, and
+// the dial must not take it for the rank it wanted (docs/topology.md, "Messy networks").
+inline std::string proof_context(const std::string& comm_label, int target, int target_host) {
+  return "libcomm socket v5|" + comm_label + "|rank " + std::to_string(target) + "|host " +
+         std::to_string(target_host);
+}
 
 // magic and version where every version had them: a peer of another version is told so.
 struct Hello {
@@ -37,8 +45,10 @@ struct Hello {
   uint32_t nconns;
   uint32_t flags;  // kHelloTls, or 0 (was `reserved`, always 0)
   uint8_t nonce[kNonceBytes];  // the connector's
+  int32_t target;     // the rank it dials (version 5)
+  uint32_t reserved;  // 0
 };
-static_assert(sizeof(Hello) == 48);
+static_assert(sizeof(Hello) == 56);
 // The connector runs COMM_TLS=1: a TLS handshake follows the kOk. An acceptor that does not agree
 // answers kTlsMismatch, so both name the difference instead of failing on garbage.
 constexpr uint32_t kHelloTls = 1;
@@ -64,6 +74,7 @@ enum class ReplyCode : uint32_t {
   kYield = 7,  // both ranks dialed this connection: the acceptor's (higher rank's) dial wins
   kChallenge = 8,  // followed by the server nonce; the connector answers with its Proof
   kTlsMismatch = 9,  // COMM_TLS differs; value: the acceptor's (0 or 1)
+  kWrongRank = 10,   // the Hello's target is not this rank; value: the acceptor's rank
 };
 
 struct Reply {
@@ -108,7 +119,8 @@ static_assert(sizeof(FrameHeader) == 56);
 // Accepted: a known kind; ERROR: text of at most kMaxErrorText bytes; HEARTBEAT and GOODBYE:
 // no payload; DATA: a known collective, and [offset, offset + length) inside total_bytes.
 std::string frame_problem(const FrameHeader& h);
-// The acceptor's checks of a whole Hello before it sends its challenge: magic, version, reserved.
+// The acceptor's checks of a whole Hello before it sends its challenge: magic, version, flags,
+// reserved (the target is the acceptor's to check: kWrongRank).
 std::string hello_problem(const Hello& h);
 
 // ---- striping: a function of the message size (and the connection count every rank agreed

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "log.h"
+#include "params.h"
 #include "posix/net_util.h"
 #include "store/tcp_store_wire.h"
 
@@ -246,10 +247,20 @@ class Client final : public Store {
     if (rc != 0) return SystemError("cannot resolve '" + options_.host + "': " + gai_strerror(rc));
     Status last = SystemError("'" + options_.host + "' resolved to no address");
     bool all_refused = found != nullptr;
+    // A name with several addresses (an unreachable one first): an address whose SYN goes
+    // unanswered has COMM_SOCKET_CONNECT_TIMEOUT_MS, then the next one is tried
+    // (docs/topology.md, "Messy networks"); the last one has the whole deadline.
+    int64_t per_address_ms = 4000;
+    (void)params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &per_address_ms);
     for (addrinfo* ai = found; ai != nullptr && !deadline.expired(); ai = ai->ai_next) {
       posix::Fd fd;
       bool refused = false;
-      last = connect_address(ai->ai_addr, ai->ai_addrlen, deadline, &fd, final, &refused);
+      Deadline address_deadline = deadline;
+      if (ai->ai_next != nullptr) {
+        const Deadline bound = Deadline::after_ms(static_cast<int>(per_address_ms));
+        if (bound.at() < deadline.at()) address_deadline = bound;
+      }
+      last = connect_address(ai->ai_addr, ai->ai_addrlen, address_deadline, &fd, final, &refused);
       all_refused = all_refused && refused;
       if (*final) break;
       if (!last.ok()) continue;

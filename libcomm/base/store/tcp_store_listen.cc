@@ -70,12 +70,22 @@ Status start_server(const TcpStoreOptions& options, std::shared_ptr<Store>* out)
       return SystemError("store: cannot resolve '" + host + "' to listen on (" + gai_strerror(rc) +
                          "); set MASTER_ADDR (or the host of tcp://HOST:PORT) to rank 0's host name or address");
     int family = AF_UNSPEC;
-    for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    const bool several = found != nullptr && found->ai_next != nullptr;
+    for (addrinfo* ai = found; ai != nullptr && !several; ai = ai->ai_next) {
       if (family == AF_UNSPEC) family = ai->ai_family;
       err = bind_and_listen(ai->ai_addr, ai->ai_addrlen, false, &fd);
       if (err != EADDRNOTAVAIL) break;
     }
     freeaddrinfo(found);
+    if (several) {
+      // The name has several addresses and a rank may reach rank 0 through any one of them
+      // (docs/topology.md, "Messy networks"): listen on every address.
+      err = bind_wildcard(AF_INET6, options.port, &fd, &bound_host);
+      if (err == EAFNOSUPPORT) err = bind_wildcard(AF_INET, options.port, &fd, &bound_host);
+      if (err == 0)
+        COMM_INFO(kStore, "store: '%s' has several addresses; listening on %s", host.c_str(),
+                  host_port_string(bound_host, options.port).c_str());
+    }
     if (err == EADDRNOTAVAIL) {
       // The name resolves, but not to an address of this host (NAT, a load balancer, a name
       // that means rank 0's host only from the outside): listen on every address instead.
