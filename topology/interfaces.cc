@@ -156,7 +156,11 @@ Status select_interfaces(const std::string& spec_text, const std::vector<Interfa
   return SystemError("no network interface is up with an IPv4 or global IPv6 address");
 }
 
-Status choose_socket_interface(bool all_local, Interface* chosen, std::string* why) {
+namespace {
+
+// The interfaces COMM_SOCKET_IFNAME (else NCCL_SOCKET_IFNAME) selects, lo alone when neither is set
+// and every rank is on this host (*loopback); *why names the variable the user set.
+Status interfaces_for_sockets(bool all_local, std::vector<Interface>* list, bool* loopback, std::string* why) {
   std::string spec;
   std::string source = "COMM_SOCKET_IFNAME";
   COMM_RETURN_IF_ERROR(params::get_string("COMM_SOCKET_IFNAME", &spec));
@@ -164,13 +168,21 @@ Status choose_socket_interface(bool all_local, Interface* chosen, std::string* w
     source = "NCCL_SOCKET_IFNAME";
     COMM_RETURN_IF_ERROR(params::get_string("NCCL_SOCKET_IFNAME", &spec));
   }
-  const bool loopback = spec.empty() && all_local;
-  if (loopback) spec = "=lo";
-  std::vector<Interface> list;
-  Status st = select_interfaces(spec, list_interfaces(), &list, why);
-  if (!st.ok()) return st.prefixed(spec.empty() || loopback ? "" : source + " set: ");
-  if (loopback) *why = "all ranks on one host and no COMM_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set: chose lo";
+  *loopback = spec.empty() && all_local;
+  if (*loopback) spec = "=lo";
+  Status st = select_interfaces(spec, list_interfaces(), list, why);
+  if (!st.ok()) return st.prefixed(spec.empty() || *loopback ? "" : source + " set: ");
+  if (*loopback) *why = "all ranks on one host and no COMM_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set: chose lo";
   if (source == "COMM_SOCKET_IFNAME" && why->rfind("NCCL_SOCKET_IFNAME", 0) == 0) why->replace(0, 18, source);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status choose_socket_interface(bool all_local, Interface* chosen, std::string* why) {
+  std::vector<Interface> list;
+  bool loopback = false;
+  COMM_RETURN_IF_ERROR(interfaces_for_sockets(all_local, &list, &loopback, why));
   *chosen = list.front();
   return Status::Ok();
 }
@@ -226,20 +238,10 @@ void put_route_first(const std::string& local_address, std::vector<Interface>* l
 
 Status choose_socket_addresses(bool all_local, std::vector<posix::LocalAddress>* chosen, std::string* why) {
   chosen->clear();
-  std::string spec;
-  std::string source = "COMM_SOCKET_IFNAME";
-  COMM_RETURN_IF_ERROR(params::get_string("COMM_SOCKET_IFNAME", &spec));
-  if (spec.empty()) {
-    source = "NCCL_SOCKET_IFNAME";
-    COMM_RETURN_IF_ERROR(params::get_string("NCCL_SOCKET_IFNAME", &spec));
-  }
-  const bool loopback = spec.empty() && all_local;
-  if (loopback) spec = "=lo";
   std::vector<Interface> list;
-  Status st = select_interfaces(spec, list_interfaces(), &list, why);
-  if (!st.ok()) return st.prefixed(spec.empty() || loopback ? "" : source + " set: ");
+  bool loopback = false;
+  COMM_RETURN_IF_ERROR(interfaces_for_sockets(all_local, &list, &loopback, why));
   if (loopback) {
-    *why = "all ranks on one host and no COMM_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set: chose lo";
     list.resize(1);
   } else {
     const std::string route = route_to_store();
@@ -247,7 +249,6 @@ Status choose_socket_addresses(bool all_local, std::vector<posix::LocalAddress>*
     if (!route.empty() && !list.empty() && list.front().address == route)
       *why += "; " + list.front().name + " first (the route to the store's host)";
   }
-  if (source == "COMM_SOCKET_IFNAME" && why->rfind("NCCL_SOCKET_IFNAME", 0) == 0) why->replace(0, 18, source);
   if (list.size() > kMaxSocketAddresses) list.resize(kMaxSocketAddresses);
   for (const auto& itf : list) chosen->push_back(posix::LocalAddress{itf.name, itf.address, itf.family});
   return Status::Ok();
