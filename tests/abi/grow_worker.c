@@ -10,6 +10,7 @@
  *
  * Lines: STARTED, ITER i, SHRINK status rank size, GROW status rank size, INIT status rank size,
  * RESULT ok|bad, NULLS n, MSG text, DONE status. */
+#define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

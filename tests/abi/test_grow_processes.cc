@@ -2,7 +2,7 @@
 // agree, shrink, and admit a joiner (a process started with the job's environment plus
 // COMM_JOIN=1, in the dead rank's slot) through comm_grow; an all-reduce on the grown
 // communicator is right on all 4, and the communicator it grew from still works. Over sockets
-// (COMM_GROW_WAITING polled, and an explicit count), shared memory, and TLS with
+// (COMM_GROW_WAITING polled, and an explicit count), shared memory, the routed transport, and TLS with
 // COMM_AUTH_TOKEN. comm_grow(COMM_GROW_WAITING) with nobody waiting gives NULL on every member.
 #include <sstream>
 
@@ -45,7 +45,11 @@ void kill_shrink_grow(const std::string& transport, const Env& extra) {
   const int n = 4, victim = 2, timeout_ms = 8000;
   const int port = free_port();
   auto env_of = [&](int r) {
-    Env e = torchrun_env(r, n, port, timeout_ms, {{"COMM_TRANSPORT", transport}, {"GROW_VICTIM", std::to_string(victim)}});
+    // "routed": two "hosts" (COMM_HOST_ID), shared memory inside each and sockets between.
+    const bool routed = transport == "routed";
+    Env e = torchrun_env(r, n, port, timeout_ms, {{"COMM_TRANSPORT", routed ? "auto" : transport},
+                                                  {"GROW_VICTIM", std::to_string(victim)}});
+    if (routed) e.emplace_back("COMM_HOST_ID", r < 2 ? "host-a" : "host-b");
     for (const auto& kv : extra) e.push_back(kv);
     return e;
   };
@@ -56,6 +60,7 @@ void kill_shrink_grow(const std::string& transport, const Env& extra) {
   joiner_env.emplace_back("COMM_JOIN", "1");
   procs.push_back(spawn_worker("joiner", joiner_env, dir.file("joiner.out")));
   const bool ended = wait_all(procs, now_ms() + 90000);
+  if (std::getenv("GROW_TEST_SHOW")) std::fprintf(stderr, "%s", describe_all(procs).c_str());
   INFO(transport << ":\n" << describe_all(procs));
   CHECK(ended);
   CHECK((WIFSIGNALED(procs[victim].wstatus) && WTERMSIG(procs[victim].wstatus) == SIGKILL));
@@ -98,6 +103,11 @@ TEST_CASE("grow processes: the same with comm_grow(comm, 1) waiting for the join
 }
 
 TEST_CASE("grow processes: the same over shared memory", "[grow_process]") { kill_shrink_grow("shm", {}); }
+
+TEST_CASE("grow processes: the same over the routed transport (two hosts by COMM_HOST_ID, the joiner on the second)",
+          "[grow_process]") {
+  kill_shrink_grow("routed", {});
+}
 
 TEST_CASE("grow processes: the same over sockets with COMM_TLS=1 and COMM_AUTH_TOKEN", "[grow_process]") {
   kill_shrink_grow("socket", {{"COMM_TLS", "1"}, {"COMM_AUTH_TOKEN", "grow-test-token"}});
