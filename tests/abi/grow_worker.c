@@ -7,9 +7,10 @@
  *                        is polled until one came; then an all-reduce on the grown communicator.
  *   grow_worker joiner   started with COMM_JOIN=1: comm_init returns the grown communicator.
  *   grow_worker waiting  comm_grow(COMM_GROW_WAITING) with nobody waiting, five times: NULL each.
+ *   grow_worker train    under comm-run --replace-failed (tests/tools/test_comm_run_replace.sh).
  *
  * Lines: STARTED, ITER i, SHRINK status rank size, GROW status rank size, INIT status rank size,
- * RESULT ok|bad, NULLS n, MSG text, DONE status. */
+ * RESULT ok|bad, NULLS n, MSG text, DONE status, FINAL step rank size. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdio.h>
@@ -151,13 +152,71 @@ static int waiting(void) {
   return 0;
 }
 
+/* Under comm-run --replace-failed: all-reduces GROW_STEPS steps; GROW_VICTIM's first process
+ * SIGKILLs itself (GROW_STOP=1: SIGSTOPs itself) at step 3; the others agree and shrink, redo the
+ * step, and at each step boundary admit whoever waits (comm_grow, COMM_GROW_WAITING); the
+ * replacement comm-run starts (COMM_JOIN=1) learns the step from the lowest member. Every rank
+ * goes on until the steps are done on the full world. Exit 0 only then (comm-run judges it). */
+static int train(void) {
+  const int joining = getenv("COMM_JOIN") != NULL && atoi(getenv("COMM_JOIN")) == 1;
+  const int world = getenv("WORLD_SIZE") ? atoi(getenv("WORLD_SIZE")) : 1;
+  const int victim = getenv("GROW_VICTIM") ? atoi(getenv("GROW_VICTIM")) : -1;
+  const int stop = getenv("GROW_STOP") != NULL && atoi(getenv("GROW_STOP")) == 1;
+  const long steps = getenv("GROW_STEPS") ? atol(getenv("GROW_STEPS")) : 10;
+  comm_t c = NULL;
+  comm_status_t st = comm_init(NULL, &c);
+  if (st != COMM_OK) return fail("comm_init", st), 1;
+  int rank = -1, size = 0;
+  comm_rank(c, &rank);
+  const int first_rank = rank;
+  int64_t step = 0;
+  if (joining && comm_broadcast(c, &step, &step, 1, COMM_INT64, 0, NULL) != COMM_OK)
+    return fail("the step from the lowest member", COMM_ERR_REMOTE), 1;
+  const time_t give_up = time(NULL) + 100;
+  float x[256];
+  int grown = joining; /* a joiner is where the members are after their comm_grow and the step */
+  for (;;) {
+    if (time(NULL) > give_up) return fail("the job did not finish in 100 s", COMM_ERR_TIMEOUT), 1;
+    comm_t big = NULL;
+    st = grown ? COMM_OK : comm_grow(c, COMM_GROW_WAITING, &big);
+    grown = 0;
+    if (st != COMM_OK) return fail("comm_grow", st), 1;
+    if (big != NULL) {
+      comm_destroy(c);
+      c = big;
+      if ((st = comm_broadcast(c, &step, &step, 1, COMM_INT64, 0, NULL)) != COMM_OK) return fail("step", st), 1;
+    }
+    comm_rank(c, &rank);
+    comm_size(c, &size);
+    if (step >= steps && size == world) break;
+    if (!joining && first_rank == victim && step == 3) raise(stop ? SIGSTOP : SIGKILL);
+    for (int i = 0; i < 256; ++i) x[i] = 1.0f;
+    st = comm_allreduce(c, x, x, 256, COMM_FLOAT32, COMM_SUM, NULL);
+    if (st != COMM_OK) {
+      comm_t small = NULL;
+      st = comm_shrink(c, NULL, COMM_SHRINK_AGREE, &small);
+      if (st != COMM_OK) return fail("comm_shrink", st), 1;
+      comm_destroy(c);
+      c = small;
+      continue; /* the step again, on the survivors */
+    }
+    if (x[0] != (float)size) return fail("wrong all-reduce", COMM_ERR_INTERNAL), 1;
+    ++step;
+    sleep_ms(20);
+  }
+  printf("FINAL %lld %d %d\n", (long long)step, rank, size);
+  comm_destroy(c);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char* mode = argc > 1 ? argv[1] : "";
+  if (strcmp(mode, "train") == 0) return train();
   if (strcmp(mode, "joiner") != 0) wait_gate();
   if (strcmp(mode, "member") == 0) return member();
   if (strcmp(mode, "joiner") == 0) return joiner();
   if (strcmp(mode, "waiting") == 0) return waiting();
-  fprintf(stderr, "grow_worker: unknown mode '%s' (member, joiner, waiting)\n", mode);
+  fprintf(stderr, "grow_worker: unknown mode '%s' (member, joiner, waiting, train)\n", mode);
   return 2;
 }
