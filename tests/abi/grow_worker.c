@@ -144,6 +144,15 @@ static int waiting(void) {
     nulls += out == NULL;
   }
   printf("NULLS %d\n", nulls);
+  /* What a training loop pays per step for asking (docs/benchmarks.md): GROW_TIMING calls. */
+  const int timing = getenv("GROW_TIMING") ? atoi(getenv("GROW_TIMING")) : 0;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < timing; ++i)
+    if ((st = comm_grow(c, COMM_GROW_WAITING, &out)) != COMM_OK) return fail("comm_grow(COMM_GROW_WAITING)", st);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (timing > 0)
+    printf("WAITUS %.1f\n", ((double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3) / timing);
   st = comm_grow(c, 0, &out);
   printf("ZERO %d\n", (int)st); /* n_join 0: invalid argument */
   if (!check_allreduce(c)) return 0;

@@ -3,7 +3,8 @@
 // COMM_JOIN=1, in the dead rank's slot) through comm_grow; an all-reduce on the grown
 // communicator is right on all 4, and the communicator it grew from still works. Over sockets
 // (COMM_GROW_WAITING polled, and an explicit count), shared memory, the routed transport, and TLS with
-// COMM_AUTH_TOKEN. comm_grow(COMM_GROW_WAITING) with nobody waiting gives NULL on every member.
+// COMM_AUTH_TOKEN. comm_grow(COMM_GROW_WAITING) with nobody waiting gives NULL on every member; a
+// joiner that cannot reach the job's store fails, naming the fixes.
 #include <sstream>
 
 #include "process_harness.h"
@@ -127,5 +128,23 @@ TEST_CASE("grow processes: comm_grow(COMM_GROW_WAITING) with nobody waiting give
     CHECK(line_after(out, "ZERO ").value_or("missing") == std::to_string(COMM_ERR_INVALID_ARGUMENT));
     CHECK(line_after(out, "RESULT ").value_or("missing") == "ok");
     CHECK(line_after(out, "DONE ").value_or("missing") == "0");
+  }
+}
+
+TEST_CASE("grow processes: a joiner whose job store is gone (it died with rank 0) fails within its timeout, naming the "
+          "fixes", "[grow_process]") {
+  TempDir dir;
+  const int port = free_port();  // nobody serves it
+  Env env = torchrun_env(1, 4, port, 2000, {{"COMM_JOIN", "1"}});
+  std::vector<Proc> procs{spawn_worker("joiner", env, dir.file("lost-joiner.out"))};
+  CHECK(wait_all(procs, now_ms() + 2000 + loaded_host::kSlackMs + 15000));
+  const std::string out = procs[0].output();
+  INFO(out);
+  auto j = triple(out, "INIT ");
+  REQUIRE(j.has_value());
+  CHECK(j->status == COMM_ERR_UNAVAILABLE);
+  for (const char* fix : {"comm-run --replace-failed", "COMM_STORE_EXTERNAL=1", "file://"}) {
+    INFO(fix);
+    CHECK(out.find(fix) != std::string::npos);
   }
 }
