@@ -140,7 +140,8 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
   auto unreachable = [&](const Status& st) {
     return Unavailable(where + "the job store does not answer (" + st.message() + "); its server, world rank 0, "
                        "may be the rank that failed: the agreement needs a store that outlives the failure "
-                       "(init_method file://, or world rank 0 alive); comm_shrink with an explicit list works "
+                       "(comm-run --replace-failed, COMM_STORE_EXTERNAL=1 with a store served outside the ranks, "
+                       "init_method file://, or world rank 0 alive); comm_shrink with an explicit list works "
                        "without it");
   };
   for (int round = 0; round < kRounds; ++round) {

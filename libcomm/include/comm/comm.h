@@ -130,7 +130,10 @@ COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_
  * (failed may be NULL when capacity is 0). Errors: COMM_ERR_REMOTE when the others agreed that
  * this rank failed (it came too late: stopped, cut off; it may never rejoin comm: exit), or when
  * the ranks that agreed are not a strict majority of comm (that side stops); COMM_ERR_UNAVAILABLE
- * when the job store does not answer (it dies with world rank 0 unless init_method is file://).
+ * when the job store does not answer (it dies with world rank 0 unless init_method is file:// or
+ * the store is served outside the ranks: COMM_STORE_EXTERNAL=1, comm-run --replace-failed). Since
+ * ABI 1.9 the excluded ranks are recorded in the job store for the launcher (docs/design.md,
+ * "Growing a communicator").
  * Bounded by about twice the timeout per failure during it. docs/design.md, "Agreeing on the
  * failed ranks". */
 COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity, int* n_failed);
