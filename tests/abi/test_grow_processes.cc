@@ -41,7 +41,9 @@ void wait_for_shrink(std::vector<Proc>& procs, int victim) {
   }
 }
 
-void kill_shrink_grow(const std::string& transport, const Env& extra) {
+// bad_joiner_first: a joiner whose settings differ from the job's (another COMM_TIMEOUT_MS) comes
+// first: it is refused, naming the difference, and the members admit the right one after it.
+void kill_shrink_grow(const std::string& transport, const Env& extra, bool bad_joiner_first = false) {
   TempDir dir;
   const int n = 4, victim = 2, timeout_ms = 20000;  // a SIGKILL is seen at once; a slow start is not a failure
   const int port = free_port();
@@ -59,9 +61,18 @@ void kill_shrink_grow(const std::string& transport, const Env& extra) {
   // The replacement: the job's environment (the dead rank's slot) plus COMM_JOIN=1.
   Env joiner_env = env_of(victim);
   joiner_env.emplace_back("COMM_JOIN", "1");
+  std::string refused;
+  if (bad_joiner_first) {
+    Env bad = joiner_env;
+    for (auto& kv : bad)
+      if (kv.first == "COMM_TIMEOUT_MS") kv.second = "19000";  // differs from the job's
+    std::vector<Proc> one{spawn_worker("joiner", bad, dir.file("bad-joiner.out"))};
+    CHECK(wait_all(one, now_ms() + 60000));
+    refused = one[0].output();
+  }
   procs.push_back(spawn_worker("joiner", joiner_env, dir.file("joiner.out")));
   const bool ended = wait_all(procs, now_ms() + 90000);
-  if (std::getenv("GROW_TEST_SHOW")) std::fprintf(stderr, "%s", describe_all(procs).c_str());
+  if (std::getenv("GROW_TEST_SHOW")) std::fprintf(stderr, "%s%s", describe_all(procs).c_str(), refused.c_str());
   INFO(transport << ":\n" << describe_all(procs));
   CHECK(ended);
   CHECK((WIFSIGNALED(procs[victim].wstatus) && WTERMSIG(procs[victim].wstatus) == SIGKILL));
@@ -81,6 +92,14 @@ void kill_shrink_grow(const std::string& transport, const Env& extra) {
     CHECK(g->size == n);
     CHECK(out.find("RESULT bad") == std::string::npos);
     CHECK(line_after(out, "DONE ").value_or("missing") == "0");
+  }
+  if (bad_joiner_first) {
+    INFO("the refused joiner:\n" << refused);
+    auto b = triple(refused, "INIT ");
+    REQUIRE(b.has_value());
+    CHECK(b->status == COMM_ERR_INVALID_USAGE);
+    CHECK(refused.find("timeout (COMM_TIMEOUT_MS") != std::string::npos);
+    CHECK(refused.find("19000") != std::string::npos);
   }
   const std::string out = procs.back().output();
   auto j = triple(out, "INIT ");
@@ -104,6 +123,11 @@ TEST_CASE("grow processes: the same with comm_grow(comm, 1) waiting for the join
 }
 
 TEST_CASE("grow processes: the same over shared memory", "[grow_process]") { kill_shrink_grow("shm", {}); }
+
+TEST_CASE("grow processes: a joiner with other settings (COMM_TIMEOUT_MS) is refused naming the difference; the "
+          "members go on and admit the next one", "[grow_process]") {
+  kill_shrink_grow("socket", {}, /*bad_joiner_first=*/true);
+}
 
 TEST_CASE("grow processes: the same over the routed transport (two hosts by COMM_HOST_ID, the joiner on the second)",
           "[grow_process]") {
