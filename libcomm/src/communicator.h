@@ -91,6 +91,9 @@ struct comm_s {
   uint64_t next_seq = 1;
   uint64_t children = 0;
   uint64_t agreements = 0;  // comm_agree_failed calls: every survivor makes as many (agree.cc)
+  // comm_grow's lowest member: the job's join/claimed count it last read (it only grows), so a
+  // step with nobody waiting costs one store read, not two (grow.cc).
+  int64_t joins_claimed_seen = 0;
   std::vector<uint64_t> send_seq, recv_seq;  // per peer, for send/recv matching
   comm::FlightRecorder recorder;  // the last operations, written by the issuing thread
   // Straggler detection's per-peer waits, shared with the transports (connect.cc; null when

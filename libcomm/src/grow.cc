@@ -41,14 +41,18 @@ Status claim(comm_t c, int n_join, std::vector<Joiner>* admitted) {
   if (n_join == COMM_GROW_WAITING) {
     int64_t tickets = 0, claimed = 0;
     COMM_RETURN_IF_ERROR(store.add(kTickets, 0, &tickets));
+    // The every-step case, nobody waits: the count claimed only grows, so the last one seen says so.
+    if (tickets <= c->joins_claimed_seen) return Status::Ok();
     COMM_RETURN_IF_ERROR(store.add(kClaimed, 0, &claimed));
-    if (tickets <= claimed) return Status::Ok();  // the every-step case: nobody waits
+    c->joins_claimed_seen = claimed;
+    if (tickets <= claimed) return Status::Ok();
     COMM_RETURN_IF_ERROR(store.add(kClaimed, tickets - claimed, &last));
     first = last - (tickets - claimed) + 1;  // another communicator's grow may have claimed some meanwhile
   } else {
     COMM_RETURN_IF_ERROR(store.add(kClaimed, n_join, &last));
     first = last - n_join + 1;
   }
+  c->joins_claimed_seen = last;
   const std::string mine = settings_fingerprint(c->settings);
   const Deadline all = Deadline::after_ms(c->settings.timeout_ms);
   std::string problems;

@@ -146,8 +146,8 @@ COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity,
  * registered. comm stays usable (as after comm_dup). n_join > 0: admit exactly that many
  * joiners, waiting for them up to comm's timeout (COMM_ERR_TIMEOUT, nothing changes, when fewer
  * came). n_join == COMM_GROW_WAITING: admit the joiners waiting now, as the lowest member finds
- * them (the same set on every member); none waiting: *new_comm = NULL and COMM_OK (cheap: two
- * store reads on the lowest member and a 16-byte broadcast; fine to call every step).
+ * them (the same set on every member); none waiting: *new_comm = NULL and COMM_OK (cheap: one
+ * store read on the lowest member and a 16-byte broadcast; fine to call every step).
  * A joiner is a process started with the job's environment plus COMM_JOIN=1: its comm_init (the
  * rank and world size of its config and environment ignored) waits up to its timeout for the
  * job's next comm_grow and returns the grown communicator. Joiners find the job through its store,
