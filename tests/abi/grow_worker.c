@@ -60,6 +60,16 @@ static int check_allreduce(comm_t c) {
   return 1;
 }
 
+/* A grown communicator's children work on members and joiners alike (its shared-memory domain). */
+static int check_dup(comm_t c) {
+  comm_t d = NULL;
+  comm_status_t st = comm_dup(c, &d);
+  if (st != COMM_OK) return fail("comm_dup of the grown communicator", st);
+  if (!check_allreduce(d)) return 0;
+  comm_destroy(d);
+  return 1;
+}
+
 static int member(void) {
   comm_t world = NULL, small = NULL, big = NULL;
   comm_status_t st = comm_init(NULL, &world);
@@ -114,6 +124,7 @@ static int member(void) {
   fflush(stdout);
   if (st != COMM_OK || big == NULL) return fail("comm_grow", st != COMM_OK ? st : COMM_ERR_TIMEOUT);
   if (!check_allreduce(big)) return 0;
+  if (!check_dup(big)) return 0;
   if (!check_allreduce(small)) return 0; /* the communicator it grew from stays usable */
   comm_destroy(big);
   comm_destroy(small);
@@ -133,6 +144,7 @@ static int joiner(void) {
   fflush(stdout);
   if (st != COMM_OK) return fail("comm_init with COMM_JOIN=1", st);
   if (!check_allreduce(c)) return 0;
+  if (!check_dup(c)) return 0;
   comm_destroy(c);
   printf("DONE 0\n");
   return 0;

@@ -24,7 +24,7 @@ check() {  # name, then env assignments
   [[ $n -eq 3 ]] || { echo "FAIL: $name: $n of 3 survivors grew to 4 ranks"; failures=$((failures + 1)); }
   grep -qE '(^|\] )INIT 0 3 4$' <<<"$out" || { echo "FAIL: $name: the joiner is not rank 3 of 4"; failures=$((failures + 1)); }
   n=$(grep -cE '(^|\] )RESULT ok$' <<<"$out")
-  [[ $n -eq 7 ]] || { echo "FAIL: $name: $n of 7 all-reduces right"; failures=$((failures + 1)); }
+  [[ $n -eq 11 ]] || { echo "FAIL: $name: $n of 11 all-reduces right"; failures=$((failures + 1)); }
   grep -qE 'RESULT bad|MSG ' <<<"$out" && { echo "FAIL: $name: an error"; failures=$((failures + 1)); }
   n=$(grep -cE '(^|\] )DONE 0$' <<<"$out")
   [[ $n -eq 4 ]] || { echo "FAIL: $name: $n of 4 processes done"; failures=$((failures + 1)); }

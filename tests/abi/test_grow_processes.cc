@@ -1,7 +1,7 @@
 // comm_grow in real processes (issue 35, "comm_grow"): 4 ranks, one SIGKILLed; the survivors
 // agree, shrink, and admit a joiner (a process started with the job's environment plus
 // COMM_JOIN=1, in the dead rank's slot) through comm_grow; an all-reduce on the grown
-// communicator is right on all 4, and the communicator it grew from still works. Over sockets
+// communicator and on its comm_dup is right on all 4, and the communicator it grew from still works. Over sockets
 // (COMM_GROW_WAITING polled, and an explicit count), shared memory, the routed transport, and TLS with
 // COMM_AUTH_TOKEN. comm_grow(COMM_GROW_WAITING) with nobody waiting gives NULL on every member; a
 // joiner that cannot reach the job's store fails, naming the fixes.
