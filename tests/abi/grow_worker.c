@@ -217,6 +217,13 @@ static int train(void) {
     comm_size(c, &size);
     if (step >= steps && size == world) break;
     if (!joining && first_rank == victim && step == 3) raise(stop ? SIGSTOP : SIGKILL);
+    /* GROW_AGAIN=FILE: the first replacement dies too, at its first step from 8 on (the file marks that it did). */
+    const char* again = getenv("GROW_AGAIN");
+    if (joining && again != NULL && step >= 8 && access(again, F_OK) != 0) {
+      FILE* f = fopen(again, "w");
+      if (f != NULL) fclose(f);
+      raise(SIGKILL);
+    }
     for (int i = 0; i < 256; ++i) x[i] = 1.0f;
     st = comm_allreduce(c, x, x, 256, COMM_FLOAT32, COMM_SUM, NULL);
     if (st != COMM_OK) {

@@ -3,7 +3,8 @@
 # one rank is lost once: SIGKILLed (rank 0, whose process would have served the store without
 # comm-run serving it), then SIGSTOPped (rank 2: comm-run SIGKILLs it once the others exclude it).
 # The survivors agree and shrink; comm-run starts a replacement with COMM_JOIN=1, which joins at
-# the next comm_grow; the job finishes its steps on 4 ranks and comm-run exits 0. Without the
+# the next comm_grow; the job finishes its steps on 4 ranks and comm-run exits 0. Then a lost rank
+# whose replacement is lost too: replaced twice. Without the
 # flag a lost rank still ends the job. Usage: test_comm_run_replace.sh comm-run grow_worker
 set -uo pipefail
 
@@ -26,7 +27,7 @@ run_job() {  # name, then env assignments
   local finals steps
   finals=$(grep -cE '^\[[0-3]\] FINAL [0-9]+ [0-3] 4$' <<<"$out")
   steps=$(grep -E '^\[[0-3]\] FINAL ' <<<"$out" | awk '{print $3}' | sort -u)
-  if [[ $finals -eq 4 && $(wc -l <<<"$steps") -eq 1 && $steps -ge 12 ]]; then
+  if [[ $finals -eq 4 && $(wc -l <<<"$steps") -eq 1 && $steps -ge ${GROW_STEPS_MIN:-12} ]]; then
     pass "$name: 4 ranks finish the steps together on 4 ranks"; else
     fail "$name: $finals of 4 ranks finished on 4 ranks (steps: $steps)"; fi
   if grep -q "starting its replacement #1 with COMM_JOIN=1" <<<"$out"; then pass "$name: a replacement joined"; else
@@ -41,6 +42,15 @@ if grep -q "rank 0 killed by signal 9 (Killed); the others go on" <<<"$out"; the
 run_job "rank 2 SIGSTOPped" GROW_VICTIM=2 GROW_STOP=1
 if grep -q "rank 2 was excluded by the others but still runs (stopped?): SIGKILL" <<<"$out"; then
   pass "the stopped rank was SIGKILLed before its replacement started"; else fail "the stopped rank was not killed"; fi
+
+# The replacement is lost too (a second failure, in the grown communicator): replaced again. The
+# exclusion records carry the slot's generation, so the first loss never kills the second process.
+mark=$(mktemp -u /tmp/grow-again-XXXXXX)
+run_job "rank 3 SIGKILLed, then its replacement" GROW_VICTIM=3 GROW_AGAIN="$mark" GROW_STEPS=14
+rm -f "$mark"
+if grep -q "starting its replacement #2 with COMM_JOIN=1" <<<"$out" && \
+   ! grep -q "starting its replacement #3" <<<"$out"; then pass "the lost replacement was replaced once"; else
+  fail "not exactly two replacements"; fi
 
 # Without --replace-failed: unchanged, a lost rank ends the job.
 out=$(env COMM_TIMEOUT_MS=4000 GROW_STEPS=12 GROW_VICTIM=1 timeout 120 "$RUN" -n 4 --bind none --timeout-s 100 -- \
