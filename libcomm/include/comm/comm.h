@@ -118,7 +118,7 @@ COMM_API comm_status_t comm_split(comm_t comm, int color, int key, comm_t* out);
  * COMM_ERR_INVALID_ARGUMENT (nothing changes); survivors passing different lists fail with
  * COMM_ERR_INVALID_USAGE, or a survivor that never calls with COMM_ERR_TIMEOUT, within the
  * timeout. Works when world rank 0 (which serves the rendezvous store) is excluded:
- * docs/design.md, "Shrinking a communicator". */
+ * docs/design/core.md, "Shrinking a communicator". */
 COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_exclude, comm_t* new_comm);
 /* Since ABI 1.8, after a failure: the ranks of comm that are still alive agree, without being
  * told, on one set of failed ranks (ULFM's MPIX_Comm_agree over the failed group), also when
@@ -130,7 +130,7 @@ COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_
  * this rank failed (it came too late: stopped, cut off; it may never rejoin comm: exit), or when
  * the ranks that agreed are not a strict majority of comm (that side stops); COMM_ERR_UNAVAILABLE
  * when the job store does not answer (it dies with world rank 0 unless init_method is file://).
- * Bounded by about twice the timeout per failure during it. docs/design.md, "Agreeing on the
+ * Bounded by about twice the timeout per failure during it. docs/design/core.md, "Agreeing on the
  * failed ranks". */
 COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity, int* n_failed);
 /* comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &new_comm): the failed ranks left to the library
