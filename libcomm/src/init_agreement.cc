@@ -1,4 +1,4 @@
-// The init agreement (docs/design.md, "Lifecycle" and "Hot keys"): every rank contributes once
+// The init agreement (docs/design.md, "The C ABI contract" and "Hot keys"): every rank contributes once
 // to rank 0's store (its early listener, the address the store reached it by, the fingerprint
 // of what must agree, its host); rank 0 publishes one verdict (the job secret, the host map, the
 // address table) or why init fails, and the others read it, from their parent in the verdict's
@@ -324,7 +324,7 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, const std:
                                    (tree.server != nullptr ? tree.server->address() : "-") + kSep + my_host));
   // With the listener, the address the store reached this rank by: comm_shrink's survivors
   // meet at one of them when rank 0, and the store with it, is gone when no listener table is
-  // usable (docs/design.md, "Shrinking").
+  // usable (docs/design.md, "Shrinking a communicator").
   COMM_RETURN_IF_ERROR(store.set("init/rank/" + std::to_string(rank),
                                  my_addr + kSep + store.reach_address() + kSep + encode(mine) + kSep + my_host));
   if (tree.on) {
