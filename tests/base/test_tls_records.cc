@@ -1,7 +1,7 @@
-// libcomm's own TLS records (libcomm/base/tls/records.h), where the kernel has no TLS: against
-// OpenSSL's record layer across key updates; altered or dropped records; and, end to end without a
-// handshake (two Records on a TCP pair), handshake messages fragmented and coalesced across
-// records, an ipsec-mb end against an OpenSSL end, and a write's retry from other memory.
+// libcomm's own TLS records (libcomm/base/tls/records.h: what seals where the kernel has no TLS):
+// against OpenSSL's record layer across key updates; altered or dropped records; and, end to end
+// without a handshake (two Records on a TCP pair), handshake messages fragmented and coalesced
+// across records, an ipsec-mb end against an OpenSSL end, and a write's retry from other memory.
 #include <sys/socket.h>
 
 #include <algorithm>

@@ -2,8 +2,10 @@
 // sees none of the payload and none of the secret; a rank without TLS, or with a certificate the
 // CA did not sign, is refused, naming it; failures (a peer's ERROR frame, a peer gone) read as
 // over plaintext.
-#include <catch2/catch.hpp>
+#include <unistd.h>
+
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
 #include <thread>
