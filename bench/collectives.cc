@@ -1,5 +1,5 @@
 // The seven collectives of nccl-tests with nccl-tests' counts and bandwidth definitions
-// (docs/design.md, "Bandwidth definitions"), and the expected output of each as a function of (seed, rank, index).
+// (docs/design/tools.md, "Bandwidth definitions"), and the expected output of each as a function of (seed, rank, index).
 #include "collectives.h"
 
 #include <cstring>

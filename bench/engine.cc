@@ -47,7 +47,7 @@ std::string cpu_list() {
   return out;
 }
 
-// What tells hosts apart (docs/design.md, "What tells hosts apart"): boot id and network namespace, so that simulated hosts
+// What tells hosts apart (docs/design/base.md, "What tells hosts apart"): boot id and network namespace, so that simulated hosts
 // (netsim's namespaces) count as hosts.
 std::string host_identity() {
   std::string boot = "?";

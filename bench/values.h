@@ -38,7 +38,7 @@ uint64_t value_bound(const DtypeInfo& d, comm_op_t op, int nranks);
 
 // Rank `rank`'s input at element index `index` (of its own send buffer), as a period.
 Period input_period(const DtypeInfo& d, uint64_t seed, int rank, uint64_t bound);
-// The reduction over all ranks of their inputs, as libcomm defines each op (docs/design.md, "What each op computes").
+// The reduction over all ranks of their inputs, as libcomm defines each op (docs/design/rules.md, "What each op computes").
 Period reduced_period(const DtypeInfo& d, comm_op_t op, uint64_t seed, int nranks, uint64_t bound);
 // `p` rotated so that element 0 is element `start` of the infinite periodic sequence.
 Period rotate(const Period& p, size_t elem, size_t start);

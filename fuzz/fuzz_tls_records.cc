@@ -41,7 +41,7 @@
 #include "tls/records.h"
 
 namespace comm::tls {
-// Records' test friend (records.h), the same shape as tests/base/test_tls.cc's: a separate binary.
+// Records' test friend (records.h), the same shape as tests/base/tls_test_support.h's: a separate binary.
 struct RecordsTestAccess {
   // One record of `type` holding the n bytes at p, under the sender's current key and sequence number.
   static std::vector<uint8_t> seal(Records& r, uint8_t type, const uint8_t* p, size_t n) {

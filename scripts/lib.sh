@@ -6,9 +6,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-# Debian 12 packages (docs/design.md, "Optional parts switch on when found"). bench.sh installs
+# Debian 12 packages (docs/design/rules.md, "Optional parts switch on when found"). bench.sh installs
 # what the library and comm-bench need; test.sh adds what the tests need (Catch2, the Python and
-# PyTorch tests, the plots). README's "Two commands" lists both.
+# PyTorch tests, the plots). docs/building.md lists both.
 BENCH_PACKAGES=(meson ninja-build pkg-config g++ libhwloc-dev libucx-dev libibverbs-dev nlohmann-json3-dev libssl-dev
                 libipsec-mb-dev libipsec-mb1 prometheus-cpp-dev)
 # shellcheck disable=SC2034 # read by test.sh, which sources this file

@@ -3,7 +3,7 @@
 # here) and a second job that keeps spawning processes (4 local ranks of comm-bench, again and
 # again) run beside it the whole time, as on a CI machine shared with another job. Stops at the
 # first round that fails. Tests must hold there: none asserts a wall-clock order or time the
-# scheduler decides (docs/design.md, "Testing tiers"). Run after ./scripts/test.sh has built build/.
+# scheduler decides (docs/design/tools.md, "Testing tiers"). Run after ./scripts/test.sh has built build/.
 #
 #   ./scripts/test_loaded.sh            # 3 rounds, BUSY=2
 #   ROUNDS=1 BUSY=4 ./scripts/test_loaded.sh

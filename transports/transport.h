@@ -128,7 +128,7 @@ struct ListenAddress {
 };
 
 // The world's socket listener, made by the core before the init verdict, and every rank's
-// address, which came in that verdict (docs/design.md, "Hot keys"): the socket transport
+// address, which came in that verdict (docs/design/base.md, "Hot keys"): the socket transport
 // adopts both instead of listening and reading the address table from the store.
 struct EarlyListener {
   std::vector<posix::Fd> fds;      // listening, non-blocking, CLOEXEC; moved out by the adopter
@@ -245,7 +245,7 @@ class Transport {
   // someone else still end promptly with the reason (INVALID_USAGE stays INVALID_USAGE).
   // `order` (OpTag::order) names the operation that failed here: a peer still in an earlier
   // operation finishes it with the data this rank sent before the report, and fails from that
-  // operation on (concerns() below; docs/design.md, "Which calls a failure fails"). 0: unknown,
+  // operation on (concerns() below; docs/design/core.md, "Which calls a failure fails"). 0: unknown,
   // every peer's wait fails at once.
   virtual void notify_peers(const Status& failure, uint64_t order) = 0;
 

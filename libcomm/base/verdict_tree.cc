@@ -1,4 +1,4 @@
-// The init verdict down a binomial tree (verdict_tree.h; docs/design.md, "Hot keys").
+// The init verdict down a binomial tree (verdict_tree.h; docs/design/base.md, "Hot keys").
 //
 // The wire, one exchange per connection: the child sends kAsk and the digest key's 64 hex
 // characters; the parent, once it has the verdict, answers only when that digest is its

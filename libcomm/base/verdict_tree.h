@@ -1,4 +1,4 @@
-// The init verdict down a binomial tree instead of n reads of rank 0's store (docs/design.md,
+// The init verdict down a binomial tree instead of n reads of rank 0's store (docs/design/base.md,
 // "Hot keys"). Rank 0 writes the verdict once and a small digest key (SHA-256 and length); the
 // parent of rank r is r with its lowest set bit cleared. A rank with children serves its copy
 // of the verdict on a listener of its own while it is in comm_init; a child reads the digest

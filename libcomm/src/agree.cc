@@ -1,7 +1,7 @@
 // comm_agree_failed: after a failure, the ranks of a communicator that are still alive agree,
 // without being told, on one set of failed ranks (ULFM's MPIX_Comm_agree over the failed group,
 // MPIX_Comm_shrink's first half); comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &out) then leaves
-// them out. The protocol and what it assumes: docs/design.md, "Agreeing on the failed ranks".
+// them out. The protocol and what it assumes: docs/design/core.md, "Agreeing on the failed ranks".
 //
 // In short: each rank checks in at the job store with what it knows failed (its suspicions), and
 // takes a ticket (the store's atomic add). Ticket 1 decides: it waits until every rank has checked

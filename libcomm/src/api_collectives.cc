@@ -1,5 +1,5 @@
 // C ABI: the collectives, send/recv and their non-blocking variants. Everything is
-// validated here, at the edge, before a byte moves (docs/design.md, "Validate at the edge").
+// validated here, at the edge, before a byte moves (docs/design/core.md, "Validate at the edge").
 #include <cstdint>
 #include <string>
 
@@ -32,7 +32,7 @@ const char* fn_name(CollKind k, bool nonblocking) {
 }
 
 // "rank 2, comm_allreduce: " in front of a message, built only when there is one to make: a
-// string per call would be an allocation on every collective's path (docs/design.md, "No allocation on the hot path").
+// string per call would be an allocation on every collective's path (docs/design/rules.md, "No allocation on the hot path").
 struct Where {
   comm_t c;
   const char* fn;

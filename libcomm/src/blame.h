@@ -1,4 +1,4 @@
-// Following a hang to the rank that causes it (docs/design.md, "Which rank hangs").
+// Following a hang to the rank that causes it (docs/design/core.md, "Which rank hangs").
 #pragma once
 
 #include "communicator.h"

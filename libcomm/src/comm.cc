@@ -170,8 +170,8 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
   // Asked for NCCL: made now, so a job that cannot have it fails here, on every rank, saying why.
   if (c->settings.transport == "nccl") COMM_RETURN_IF_ERROR(device::init_forced(c.get()));
-  // Up: the store is needed again only by comm_split/dup, which reconnect (docs/design.md,
-  // "Connections"); rank 0 then holds no connection per rank for the job's life. (NCCL may
+  // Up: the store is needed again only by comm_split/dup, which reconnect (docs/design/base.md,
+  // "The store's connections"); rank 0 then holds no connection per rank for the job's life. (NCCL may
   // have used it just now.)
   c->job_store->release_idle();
   if (log::enabled(log::Level::kInfo, log::kInit)) {

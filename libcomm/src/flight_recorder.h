@@ -1,5 +1,5 @@
 // The flight recorder: the last operations of one communicator, for the question "where was
-// every rank when the job hung?" (docs/design.md, "The flight recorder").
+// every rank when the job hung?" (docs/design/core.md, "The flight recorder").
 #pragma once
 
 #include <array>

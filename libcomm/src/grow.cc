@@ -3,7 +3,7 @@
 // the other members through one small broadcast on the communicator; with joiners, the members
 // learn each other's hosts, the lowest answers each joiner with what a member of the grown
 // communicator needs, and members and joiners connect it together, as comm_dup's children do.
-// The protocol and what it assumes: docs/design.md, "Growing a communicator".
+// The protocol and what it assumes: docs/design/core.md, "Growing a communicator".
 #include <algorithm>
 #include <map>
 #include <set>

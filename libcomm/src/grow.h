@@ -1,4 +1,4 @@
-// comm_grow and its joiners (docs/design.md, "Growing a communicator"): the members' side is
+// comm_grow and its joiners (docs/design/core.md, "Growing a communicator"): the members' side is
 // grow.cc, the joiner's (comm_init with COMM_JOIN=1) join.cc; this is what both read and write
 // in the job store, so the two sides never disagree on a key or a format.
 //

@@ -1,4 +1,4 @@
-// The init agreement (docs/design.md, "Lifecycle" and "Hot keys"): every rank contributes once
+// The init agreement (docs/design/base.md, "Rendezvous" and "Hot keys"): every rank contributes once
 // to rank 0's store (its early listener, the address the store reached it by, the fingerprint
 // of what must agree, its host); rank 0 publishes one verdict (the job secret, the host map, the
 // address table) or why init fails, and the others read it, from their parent in the verdict's
@@ -138,7 +138,7 @@ bool early_listener_likely(const CommSettings& s, bool all_local) {
 }
 
 // The world's socket listener, made before the init check so its address travels in the
-// verdict: one contribution and one hot read per rank at init instead of two (docs/design.md,
+// verdict: one contribution and one hot read per rank at init instead of two (docs/design/base.md,
 // "Hot keys"). Where to listen depends on whether every rank is on this host, which only the
 // verdict says; the launcher's LOCAL_WORLD_SIZE == WORLD_SIZE guesses it, and the address is
 // tagged with the guess (L or R). Any rank's wrong guess, or a rank without a listener, makes
@@ -196,7 +196,7 @@ bool split_contribution(const std::string& text, std::string* addr, std::string*
 }
 
 // The verdict's one address table, one entry per rank, serving both the world's socket mesh and
-// comm_shrink's rescue store (docs/design.md, "Shrinking a communicator"):
+// comm_shrink's rescue store (docs/design/core.md, "Shrinking a communicator"):
 //   "S host:port ..."  every rank's early listener, each made for what the verdict says (L:
 //                      every rank on this host); the mesh adopts them, shrink meets at their host;
 //   "H host ..."       otherwise: the address the store reached each rank by ("-": unknown),
@@ -285,7 +285,7 @@ struct TreeRole {
   VerdictServer* server = nullptr;  // this rank serves its children (null: it has none, or cannot listen)
 };
 
-// The time a child gives its parent to answer before it reads the store (docs/design.md, "Hot
+// The time a child gives its parent to answer before it reads the store (docs/design/base.md, "Hot
 // keys"): a dead or stalled parent costs its children this, never their init.
 int tree_slice_ms(int timeout_ms) { return std::clamp(timeout_ms / 8, 1000, 10000); }
 
@@ -338,7 +338,7 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, const std:
                                    (tree.server != nullptr ? tree.server->address() : "-") + kSep + my_host));
   // With the listener, the address the store reached this rank by: comm_shrink's survivors
   // meet at one of them when rank 0, and the store with it, is gone when no listener table is
-  // usable (docs/design.md, "Shrinking").
+  // usable (docs/design/core.md, "Shrinking a communicator").
   COMM_RETURN_IF_ERROR(store.set("init/rank/" + std::to_string(rank),
                                  my_addr + kSep + store.reach_address() + kSep + encode(mine) + kSep + my_host));
   if (tree.on) {
@@ -381,7 +381,7 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, const std:
     if (tree.on) {
       const std::string digest = verdict_digest(verdict);
       COMM_RETURN_IF_ERROR(store.set("init/digest", digest));
-      COMM_INFO(kInit, "rank 0: init verdict %zu bytes, digest key %zu bytes (docs/design.md, \"Hot keys\")",
+      COMM_INFO(kInit, "rank 0: init verdict %zu bytes, digest key %zu bytes (docs/design/base.md, \"Hot keys\")",
                 verdict.size(), digest.size());
     }
     if (!problems.empty() || !unavailable.empty()) {

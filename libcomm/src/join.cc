@@ -2,7 +2,7 @@
 // the members' side; grow.h: the keys). It opens the job's store as a client (never as its
 // server, whatever its RANK says), registers in the job's join queue with what the lowest member
 // needs to know of it, waits for the answer, and connects the grown communicator with the
-// members, as a child of comm_dup does. docs/design.md, "Growing a communicator".
+// members, as a child of comm_dup does. docs/design/core.md, "Growing a communicator".
 #include "communicator.h"
 #include "grow.h"
 #include "init_agreement.h"

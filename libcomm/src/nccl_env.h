@@ -23,7 +23,7 @@ std::vector<Applied> apply_nccl_settings(const Plan& plan);
 std::vector<Applied> apply_nccl_settings(const std::vector<NcclSetting>& settings);
 
 // The plan's settings with `over` (the tuning profile's) replacing those of the same name and
-// added after them: API > environment > profile > plan (docs/design.md, "Precedence of settings").
+// added after them: API > environment > profile > plan (docs/design/base.md, "Precedence of settings").
 std::vector<NcclSetting> merge_nccl_settings(const std::vector<NcclSetting>& plan,
                                              const std::vector<NcclSetting>& over);
 

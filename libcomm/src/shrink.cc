@@ -2,7 +2,7 @@
 // ranks they exclude, renumbered densely in the old order. The old communicator's transport is
 // never used: after a failure it may be aborted, and its connections lead to the dead rank.
 //
-// Where the survivors meet (docs/design.md, "Shrinking a communicator"): in the job store when
+// Where the survivors meet (docs/design/core.md, "Shrinking a communicator"): in the job store when
 // it outlives every rank (file://, memory://) or when world rank 0, whose process serves the TCP
 // store, is among the survivors; otherwise the lowest survivor serves a store of its own at the
 // host the init verdict's address table gives (comm_s::world_addrs), on the first free port of

@@ -1,4 +1,4 @@
-// Strict mode (COMM_CHECK_COLLECTIVES=1, docs/design.md, "Strict mode"): every collective
+// Strict mode (COMM_CHECK_COLLECTIVES=1, docs/design/core.md, "Strict mode"): every collective
 // confirms with every rank that all called the same thing before it returns.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Idle detection (docs/design.md, "Idle detection"): a dead or stopped peer is noticed while
+// Idle detection (docs/design/core.md, "Idle detection"): a dead or stopped peer is noticed while
 // no call runs on the communicator, so comm_get_async_error reports it and the next call
 // fails at once naming it, instead of blocking until the timeout.
 #pragma once

@@ -136,7 +136,7 @@ def _orthogonalize(m, eps):
 
 def _whole_gradients(bucket):
     """(position, parameter, view of its gradient in the buffer) for a partition of whole
-    parameters; None for a piece of one larger parameter (docs/engine.md, "Partitions")."""
+    parameters; None for a piece of one larger parameter (docs/engine.md, "Partitions and priorities")."""
     buf, params = bucket.buffer(), bucket.parameters()
     if len(params) == 1 and params[0].numel() != buf.numel():
         return None

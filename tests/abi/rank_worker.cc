@@ -709,7 +709,7 @@ int mode_any_source_timeout() {
 // breaks it). Per trial: "TRIAL <i> <barrier status> <second call's> <third call's>" and the
 // messages of the failures (TMSG <i> <which> <text>). Every rank entered the barrier and every
 // peer sent its part of it, so it must complete everywhere, whatever the others' reports of the
-// later call overtake (docs/design.md, "Which calls a failure fails").
+// later call overtake (docs/design/core.md, "Which calls a failure fails").
 int mode_failure_order() {
   int rank = -1, n = -1;
   comm_t world = init_or_report(&rank, &n);

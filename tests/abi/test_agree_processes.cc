@@ -3,7 +3,7 @@
 // (rank_worker.cc, mode agree). SIGKILL one rank; two at once; SIGSTOP one (it times out for
 // some ranks before others, and when it wakes it is told it was excluded); a rank killed during
 // the agreement; a side without a majority that must stop; and world rank 0 killed, whose process
-// serves the job store the agreement meets in (a clear error: docs/design.md, "Agreeing
+// serves the job store the agreement meets in (a clear error: docs/design/core.md, "Agreeing
 // on the failed ranks"). Over shared memory (abi-agree), sockets (-socket) and TLS (-tls). Nothing
 // here asserts a time: the outcomes must hold whatever order the scheduler gives the events.
 #include <signal.h>

@@ -70,7 +70,7 @@ TEST_CASE("failure order: a barrier every rank entered completes on every rank, 
       if (t.barrier != COMM_OK) ++barrier_failed;
       CHECK(t.barrier == COMM_OK);
       // Ranks 1 and 2 find the disagreement (or hear it from the other); rank 0 only sends in its
-      // broadcast and may complete it locally, as an MPI send does (docs/design.md, "Validate at the edge").
+      // broadcast and may complete it locally, as an MPI send does (docs/design/core.md, "Validate at the edge").
       if (r != 0) CHECK(t.second == COMM_ERR_INVALID_USAGE);
       else CHECK((t.second == COMM_OK || t.second == COMM_ERR_INVALID_USAGE));
       // The communicator is broken from the failed call on, on every rank.

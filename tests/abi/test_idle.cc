@@ -1,4 +1,4 @@
-// Idle detection (docs/design.md, "Idle detection"), with real processes: 4 ranks connect,
+// Idle detection (docs/design/core.md, "Idle detection"), with real processes: 4 ranks connect,
 // then one is SIGKILLed (or SIGSTOPped) while the others call nothing. Each survivor's
 // comm_get_async_error must report it within a bound far below COMM_TIMEOUT_MS, and its next
 // call must fail at once naming the victim. Without the watcher (COMM_HEARTBEAT_MS=0) the

@@ -1,5 +1,5 @@
 // Ranks that disagree on a collective all get COMM_ERR_INVALID_USAGE within the timeout, with
-// a message naming both sides; the communicator is broken afterwards (docs/design.md, "Broken communicators").
+// a message naming both sides; the communicator is broken afterwards (docs/design/core.md, "Broken communicators").
 // Deadline tests: run one at a time, short explicit timeouts.
 #include <cstring>
 #include <functional>
@@ -54,7 +54,7 @@ void check_mismatch(const std::vector<RankOutcome>& outcomes, const Words& words
     CHECK(o.first.ms < kTimeoutMs + loaded_host::kSlackMs);  // the status says "not the timeout"; this, "no hang"
     INFO(who << ": the call after it -> " << describe(o.after));
     CHECK(o.after.status != COMM_OK);  // broken: a later call fails ...
-    CHECK(status_name(o.after.status) == status_name(o.first.status));  // ... with that error (docs/design.md, "Broken communicators")
+    CHECK(status_name(o.after.status) == status_name(o.first.status));  // ... with that error (docs/design/core.md, "Broken communicators")
     CHECK(o.after.ms < kTimeoutMs + loaded_host::kSlackMs);
     INFO(who << ": comm_destroy -> " << describe(o.destroy));
     CHECK(o.destroy.ms < kTimeoutMs + loaded_host::kSlackMs);

@@ -1,6 +1,6 @@
 // What the TLS tests share (tests/base/test_tls*.cc): loopback pairs, contexts, both handshakes
-// stepped in one thread, libcomm's records driven directly (RecordsTestAccess: records of any
-// content type under the sender's key), and the per-key record count lowered for a test.
+// stepped in one thread, a payload, libcomm's records driven directly (RecordsTestAccess: records
+// of any content type under the sender's key), and the per-key record count lowered for a test.
 #pragma once
 
 #include <arpa/inet.h>
@@ -20,6 +20,7 @@
 
 #include "posix/fd.h"
 #include "status.h"
+#include "support/transport_test.h"
 #include "tls/records.h"
 #include "tls/tls.h"
 
@@ -108,8 +109,6 @@ struct MaxRecordsPerKey {
   uint64_t saved;
 };
 
-
-
 inline constexpr uint8_t kHandshakeType = 22, kAppDataType = 23;
 
 struct RecordsPair {
@@ -129,6 +128,13 @@ inline void make_records_pair(RecordsPair* p, bool receiver_is_client,
   REQUIRE(p->sender);
   p->receiver = tls::Records::create(p->b.get(), receiver_is_client, two, one, &why, receiver_engine);
   REQUIRE(p->receiver);
+}
+
+// `bytes` of the transport tests' pattern (support/transport_test.h), as sender 1's first message.
+inline std::vector<uint8_t> payload(size_t bytes) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t i = 0; i < bytes; ++i) v[i] = comm::testing::pattern(1, 0, i);
+  return v;
 }
 
 inline std::vector<uint8_t> key_update(uint8_t requested) { return {24, 0, 0, 1, requested}; }

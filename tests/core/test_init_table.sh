@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The socket address table travels in the init verdict (docs/design.md, "Hot keys"): each rank
+# The socket address table travels in the init verdict (docs/design/base.md, "Hot keys"): each rank
 # listens before the init check and sends its address with its fingerprint, so it makes one
 # contribution and one read of rank 0's store at init instead of two. Checks that the world's
 # socket transport adopts that table on every rank; and that when one rank's guess of "every

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The init verdict travels down a binomial tree (docs/design.md, "Hot keys"; verdict_tree.h):
+# The init verdict travels down a binomial tree (docs/design/base.md, "Hot keys"; verdict_tree.h):
 # a rank whose parent (its rank with the lowest set bit cleared) is not rank 0 gets the verdict
 # from that parent, checked against the digest rank 0 put in the store, instead of from rank 0's
 # store. Checks that 64 ranks take it so and then all-reduce correctly; that a parent that never

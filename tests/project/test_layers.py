@@ -12,7 +12,7 @@ folder, then the include folders its floor's meson library has. A header it find
 by path ("libcomm/src/...", "transports/...") is wrong everywhere: floors are reached through
 their include folders, and tools and benchmarks use the public header or a library's folder.
 
-The core never names a transport (docs/design.md, "Layers"): no file under libcomm/src includes
+The core never names a transport (docs/design.md, "The floors"): no file under libcomm/src includes
 from a transport's own folder (transports/<name>/; the floor's shared parts, transport.h,
 registry.h and common/, are its interface, and nccl/ is the NCCL wrapper the device path stands
 on), uses a transport's namespace (transport::sock::), or spells a transport's name in a string
@@ -125,7 +125,7 @@ def core_names_transport(rel, text, names, found_includes):
         parts = found.split("/")
         if len(parts) > 2 and parts[0] == "transports" and parts[1] in names:
             problems.append(f"{rel}:{line_no}: includes {found}: the core never includes a transport's folder; "
-                            "reach transports through registry.h (docs/design.md, \"Layers\")")
+                            "reach transports through registry.h (docs/design.md, \"The floors\")")
     alternatives = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
     literal = re.compile(rf"^({alternatives})(\+({alternatives}))?$")
     namespace = re.compile(rf"\btransport::(sock|{alternatives})::")
@@ -133,7 +133,7 @@ def core_names_transport(rel, text, names, found_includes):
         if literal.match(m.group(1)):
             line = code.count("\n", 0, m.start()) + 1
             problems.append(f"{rel}:{line}: the string \"{m.group(1)}\" names a transport; the core asks the "
-                            "registry (a TransportInfo field) instead (docs/design.md, \"Layers\")")
+                            "registry (a TransportInfo field) instead (docs/design.md, \"The floors\")")
     for m in namespace.finditer(code):
         line = code.count("\n", 0, m.start()) + 1
         problems.append(f"{rel}:{line}: {m.group(0)} is a transport's own namespace; the core never uses it")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """README's two commands, run for real with dpkg, apt-get, meson, ninja and the build's programs
 replaced by stubs on PATH that record how they were called: bench.sh installs what the benchmark
-needs (no torch, no Catch2), test.sh what the tests need; both lists are README's; a build
+needs (no torch, no Catch2), test.sh what the tests need; both lists are docs/building.md's; a build
 directory is configured again when packages were installed.
 
   test_scripts.py SOURCE_DIR [unittest args]
@@ -90,15 +90,15 @@ class Scripts(unittest.TestCase):
         calls = self.run_script("test.sh", configured=True)
         self.assertTrue(any(c[:3] == ["meson", "setup", "--reconfigure"] for c in calls), calls)
 
-    def test_readme_lists_the_packages_lib_sh_installs(self):
+    def test_building_md_lists_the_packages_lib_sh_installs(self):
         lists = subprocess.run(["bash", "-c", 'source scripts/lib.sh; echo "${BENCH_PACKAGES[*]}"; '
                                 'echo "${TEST_PACKAGES[*]}"'], cwd=SOURCE, capture_output=True, text=True,
                                check=True).stdout.splitlines()
         bench, test = lists[0].split(), lists[1].split()
-        with open(os.path.join(SOURCE, "README.md")) as f:
-            readme = " ".join(f.read().split())
-        self.assertIn("`" + " ".join(bench) + "`", readme)
-        self.assertIn("`" + " ".join(p for p in test if p not in bench) + "`", readme)
+        with open(os.path.join(SOURCE, "docs", "building.md")) as f:
+            page = " ".join(f.read().split())
+        self.assertIn("`" + " ".join(bench) + "`", page)
+        self.assertIn("`" + " ".join(p for p in test if p not in bench) + "`", page)
 
 
 if __name__ == "__main__":

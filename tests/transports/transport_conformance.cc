@@ -99,7 +99,7 @@ const Fabric kFabrics[] = {
     // The routed fabrics keep their sockets connected at setup: "notify_peers reaches a rank that
     // waits on someone else" has rank 0 report to rank 2, its near (shm) peer, while rank 2 waits
     // on a far one; with lazy sockets those two never share a socket, and the routed wait on the
-    // far side alone does not look at the near side (docs/design.md, "Connections").
+    // far side alone does not look at the near side (docs/design/transports.md, "Connections").
     {"routed, peers on one host", "[shm][routed]", always, routed_one_host, "shm", "socket", ": 0 of 400",
      shm_peer_gone, 1024, true},
     {"routed, peers on two hosts", "[shm][routed]", always, routed_two_hosts, "shm", "socket", ": 0 of 400",
@@ -349,7 +349,7 @@ CONFORMANCE_CASE("notify_peers reaches a rank that waits on someone else; REMOTE
 
 // A report names the operation it failed in (OpTag::order): a peer still in an earlier operation
 // finishes it with the data sent to it, before or after the report, and fails from that operation
-// on (docs/design.md, "Which calls a failure fails").
+// on (docs/design/core.md, "Which calls a failure fails").
 CONFORMANCE_CASE("a report naming a later operation lets a wait on an earlier one finish; the later one fails", "") {
   World w = make_world(fabric, 3);
   connect_every_pair(w, 3);

@@ -1,6 +1,6 @@
 // comm-run --replace-failed: the job's store, served in comm-run's process so that no rank's
 // death loses it (the joiners that replace lost ranks find the job there), and the exclusions
-// the ranks' comm_agree_failed records in it (libcomm/src/grow.h: the keys; docs/design.md,
+// the ranks' comm_agree_failed records in it (libcomm/src/grow.h: the keys; docs/design/core.md,
 // "Growing a communicator"). The launcher (launcher.cc) acts on them.
 #pragma once
 

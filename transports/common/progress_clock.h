@@ -1,6 +1,6 @@
 // How every transport's wait measures time: it fails after COMM_TIMEOUT_MS *without progress*
 // (not in total: a large message that keeps moving never times out), and after each progress it
-// spins a little before it blocks, because ranks may outnumber cores (docs/design.md, "Progress
+// spins a little before it blocks, because ranks may outnumber cores (docs/design/rules.md, "Progress
 // without burning the machine").
 #pragma once
 

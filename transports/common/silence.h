@@ -1,4 +1,4 @@
-// Idle detection's silence rule, one for every transport that beats (docs/design.md, "Idle
+// Idle detection's silence rule, one for every transport that beats (docs/design/core.md, "Idle
 // detection"): sockets send HEARTBEAT frames (socket/heartbeat.cc), shared memory bumps a
 // counter in its control segment (shm/shm_transport.cc). A peer that gave no sign of life for
 // silence_limit_ms() is stopped (SIGSTOP, a debugger) or hung; silence_verdict() says so.

@@ -1,7 +1,7 @@
 // What every transport checks when a peer's message (or posted call) meets ours: the same call
 // (sequence number, collective, count, dtype, op, root) and the same size, or INVALID_USAGE that
 // names both sides, so that ranks which disagree fail with the reason instead of hanging or
-// corrupting data (docs/design.md, "Validate at the edge").
+// corrupting data (docs/design/core.md, "Validate at the edge").
 #pragma once
 
 #include <cstdint>

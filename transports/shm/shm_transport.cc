@@ -39,7 +39,7 @@ ShmTransport::ShmTransport(Options options, std::vector<int> local_ranks, const 
   for (int c : per_host)
     if (c != ranks_per_host_) ranks_per_host_ = 0;
   // Spin long only when every local rank can have a core; otherwise sleep almost at once
-  // and leave the core to the peer we wait for (docs/design.md, "Progress without burning the machine").
+  // and leave the core to the peer we wait for (docs/design/rules.md, "Progress without burning the machine").
   int64_t spin_us = params::int_or_default("COMM_SHM_SPIN_US", log::kNet);
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   const bool oversubscribed = static_cast<long>(local_ranks_.size()) > cores;

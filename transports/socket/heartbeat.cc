@@ -1,4 +1,4 @@
-// Idle detection on sockets (docs/design.md, "Idle detection"): between calls the
+// Idle detection on sockets (docs/design/core.md, "Idle detection"): between calls the
 // communicator's watcher reads what peers sent, beats on connection 0 of every connected
 // peer, and fails when a peer closed a connection without GOODBYE (it died) or sent nothing
 // for the timeout (it is stopped). comm_destroy says GOODBYE, so a peer that finished first

@@ -1,4 +1,4 @@
-// The socket transport's connections, made when a peer is first needed (docs/design.md,
+// The socket transport's connections, made when a peer is first needed (docs/design/transports.md,
 // "Connections"). Every rank listens for the job's life, on each address of its chosen
 // interfaces (docs/topology.md, "Messy networks"), and publishes them all as "addr/<rank>"; rank 0
 // gathers the addresses into one table ("addrs") that every rank reads once, so the store

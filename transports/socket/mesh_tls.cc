@@ -1,4 +1,4 @@
-// COMM_TLS on the socket transport's connections (docs/design.md, "Encryption in transit"): the
+// COMM_TLS on the socket transport's connections (docs/design/base.md, "Encryption in transit"): the
 // libcomm handshake runs as before (the Hello carries kHelloTls, so a peer without TLS is told
 // kTlsMismatch and both name the difference), then, on the same descriptor, a TLS 1.3
 // handshake, non-blocking like the rest of the mesh: the connection is handed to the transport

@@ -1,5 +1,5 @@
-// The socket transport's progress thread (COMM_SOCKET_PROGRESS_THREAD_BYTES, docs/design.md
-// "Threads"): while a large request is open and no caller is inside the transport -- a ring
+// The socket transport's progress thread (COMM_SOCKET_PROGRESS_THREAD_BYTES, docs/design/transports.md,
+// "The socket progress thread"): while a large request is open and no caller is inside the transport -- a ring
 // reducing the chunk it just received, or a trainer between two waits -- it polls the data
 // connections and moves bytes, so a socket does not drain or fill up behind a reduction, and on
 // a host whose cores are busy the rank has a second runnable thread when bytes arrive.

@@ -12,7 +12,7 @@
 // handshake replays nowhere. The client proves first, so the server computes nothing with the
 // secret for a stranger; the roles and the context are hashed in, so a proof is good for
 // neither the other direction nor the other protocol. Nothing is encrypted: what follows the
-// handshake travels in clear (docs/design.md, "Rendezvous").
+// handshake travels in clear (docs/design/base.md, "Rendezvous").
 #pragma once
 
 #include <array>

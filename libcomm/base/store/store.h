@@ -31,7 +31,7 @@ class Store {
   virtual Status add(const std::string& key, int64_t delta, int64_t* result) = 0;
   // Closes connections kept open for the next request (the TCP client's); the next request
   // opens one again. A communicator calls it when its init is done: rank 0's store then holds
-  // no connection per rank for the job's life (docs/design.md, "Connections").
+  // no connection per rank for the job's life (docs/design/base.md, "The store's connections").
   virtual void release_idle() {}
   // The TCP store: true (its server lives in world rank 0's process and dies with it). The
   // others outlive any rank. comm_shrink asks, to know whether survivors can still meet here.
@@ -39,7 +39,7 @@ class Store {
   // An address of this process's host that the store's server reached it by (the TCP client:
   // its end of the connection; the server: the host it was told to listen on), "" when
   // unknown. Published at init, so survivors can meet at another rank's host when rank 0 is
-  // gone (comm_shrink; docs/design.md, "Shrinking a communicator").
+  // gone (comm_shrink; docs/design/core.md, "Shrinking a communicator").
   virtual std::string reach_address() const { return ""; }
 };
 

@@ -1,4 +1,4 @@
-// COMM_TLS on the store server's connections (docs/design.md, "Encryption in transit"): the
+// COMM_TLS on the store server's connections (docs/design/base.md, "Encryption in transit"): the
 // greeting (hello, proof, kOk) goes in clear as before, with the client's TLS flag checked in
 // the hello (tcp_store_admission.cc); then the TLS handshake, stepped from the poll loop; then
 // a kOk through TLS, so the client learns at connect time, not at its first request, that this

@@ -6,7 +6,7 @@
 // Which code runs is decided once per process (chosen_engine), by COMM_TLS_CIPHER (auto, ipsec-mb,
 // openssl; COMM_TLS_AES=openssl, the older name, still forces OpenSSL): auto takes ipsec-mb where
 // its GCM functions for this CPU are the VAES ones (about twice OpenSSL 3.0's speed on one core,
-// docs/benchmarks.md "TLS: the cipher from ipsec-mb"), and OpenSSL wherever OpenSSL runs in FIPS
+// docs/benchmarks.md "TLS against plaintext"), and OpenSSL wherever OpenSSL runs in FIPS
 // mode. Both give the same bytes (tests/base/test_gcm.cc), so two hosts that chose differently
 // read each other.
 #pragma once

@@ -99,7 +99,7 @@ class Records {
   ssize_t handshake_record(const uint8_t* content, size_t n);
   void remember_owed(const iovec* iov, int n, size_t skip);
   bool owed_offered_again(const iovec* iov, int n) const;
-  friend struct RecordsTestAccess;  // tests/base/test_tls.cc: records of any content type
+  friend struct RecordsTestAccess;  // tests/base/tls_test_support.h: records of any content type
 
   int fd_ = -1;
   uint64_t fork_generation_ = 0;  // the process's (base/posix/fork_generation.h) when made

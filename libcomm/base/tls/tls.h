@@ -1,5 +1,5 @@
 // TLS 1.3 over an already connected, non-blocking TCP socket, through OpenSSL's libssl
-// (COMM_TLS, docs/design.md "Encryption in transit"). One wrapper for the two users: the TCP
+// (COMM_TLS, docs/design/base.md "Encryption in transit"). One wrapper for the two users: the TCP
 // store and the socket transport. Both run their own libcomm handshake first (proof of the
 // secret, world size, ...), then a TLS handshake on the same descriptor, then every byte as TLS
 // records.

@@ -119,7 +119,7 @@ COMM_API comm_status_t comm_split(comm_t comm, int color, int key, comm_t* out);
  * COMM_ERR_INVALID_ARGUMENT (nothing changes); survivors passing different lists fail with
  * COMM_ERR_INVALID_USAGE, or a survivor that never calls with COMM_ERR_TIMEOUT, within the
  * timeout. Works when world rank 0 (which serves the rendezvous store) is excluded:
- * docs/design.md, "Shrinking a communicator". */
+ * docs/design/core.md, "Shrinking a communicator". */
 COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_exclude, comm_t* new_comm);
 /* Since ABI 1.8, after a failure: the ranks of comm that are still alive agree, without being
  * told, on one set of failed ranks (ULFM's MPIX_Comm_agree over the failed group), also when
@@ -132,9 +132,9 @@ COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_
  * the ranks that agreed are not a strict majority of comm (that side stops); COMM_ERR_UNAVAILABLE
  * when the job store does not answer (it dies with world rank 0 unless init_method is file:// or
  * the store is served outside the ranks: COMM_STORE_EXTERNAL=1, comm-run --replace-failed). Since
- * ABI 1.9 the excluded ranks are recorded in the job store for the launcher (docs/design.md,
+ * ABI 1.9 the excluded ranks are recorded in the job store for the launcher (docs/design/core.md,
  * "Growing a communicator").
- * Bounded by about twice the timeout per failure during it. docs/design.md, "Agreeing on the
+ * Bounded by about twice the timeout per failure during it. docs/design/core.md, "Agreeing on the
  * failed ranks". */
 COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity, int* n_failed);
 /* comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &new_comm): the failed ranks left to the library
@@ -153,7 +153,7 @@ COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity,
  * job's next comm_grow and returns the grown communicator. Joiners find the job through its store,
  * which must outlive world rank 0: file://, or an external TCP store (COMM_STORE_EXTERNAL=1 or
  * TORCHELASTIC_USE_AGENT_STORE=True; comm-run --replace-failed serves one); COMM_ERR_UNAVAILABLE,
- * naming these, when it died with rank 0. docs/design.md, "Growing a communicator". */
+ * naming these, when it died with rank 0. docs/design/core.md, "Growing a communicator". */
 COMM_API comm_status_t comm_grow(comm_t comm, int n_join, comm_t* new_comm);
 #define COMM_GROW_WAITING (-1)
 /* Local, non-blocking, idempotent, any thread: every pending and future call on comm

@@ -1,5 +1,5 @@
 // Staging memory for algorithms: grown by size class, touched once on growth, reused
-// forever (a first touch here is ~50x slower than reuse; docs/design.md, "No allocation on the hot path").
+// forever (a first touch here is ~50x slower than reuse; docs/design/rules.md, "No allocation on the hot path").
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // The tuning profile's engine entry: chosen at comm_engine_finalize, the first moment the model's
 // gradient bytes are known, among the entries for the communicator's rank count and transport
-// (comm.cc matched those at init). API field > environment > profile > default (docs/design.md, "Precedence of settings").
+// (comm.cc matched those at init). API field > environment > profile > default (docs/design/base.md, "Precedence of settings").
 #include <cstdio>
 
 #include "engine/engine.h"
