@@ -215,8 +215,8 @@ const std::vector<Param>& all() {
       {"LOCAL_WORLD_SIZE", Type::kString, "", "torchrun: ranks on this host", nullptr},
       {"TORCHELASTIC_RUN_ID", Type::kString, "", "torchrun: job id (default port)", nullptr},
       {"TORCHELASTIC_USE_AGENT_STORE", Type::kString, "",
-       "torchrun: True when its agent serves the store at MASTER_ADDR:MASTER_PORT (libcomm then connects rank 0 "
-       "as a client)", nullptr},
+       "torchrun: True when its agent serves MASTER_ADDR:MASTER_PORT with c10d's store (static rendezvous), "
+       "which libcomm cannot use: env:// fails at once, naming --standalone / --rdzv_backend c10d", nullptr},
       {"OMPI_COMM_WORLD_RANK", Type::kString, "", "Open MPI: this rank", nullptr},
       {"OMPI_COMM_WORLD_SIZE", Type::kString, "", "Open MPI: number of ranks", nullptr},
       {"OMPI_COMM_WORLD_LOCAL_RANK", Type::kString, "", "Open MPI: rank on this host", nullptr},

@@ -256,7 +256,8 @@ Status resolve_identity(const comm_config_t& cfg, Identity* out) {
   COMM_RETURN_IF_ERROR(params::get_int("COMM_STORE_EXTERNAL", &external));
   COMM_RETURN_IF_ERROR(params::get_int("COMM_JOIN", &join));
   const auto agent = params::env("TORCHELASTIC_USE_AGENT_STORE");
-  id.external_store = external != 0 || (agent && (*agent == "True" || *agent == "true" || *agent == "1"));
+  id.external_store = external != 0;
+  id.agent_store = kind == Kind::kEnv && external == 0 && agent && *agent == "True";
   id.join = join != 0;
   *out = std::move(id);
   return Status::Ok();
@@ -275,6 +276,11 @@ Status open_store(const Identity& id, int timeout_ms, const std::string& auth_to
   if (m.rfind("file://", 0) == 0) return make_file_store(id.path, out).prefixed(context);
   if (m != "env://" && m.rfind("tcp://", 0) != 0)
     return InvalidArgument(context + "not a normalised init_method (resolve_identity makes one)");
+  if (id.agent_store)
+    return Unavailable(context + "torchrun's agent serves MASTER_ADDR:MASTER_PORT itself (TORCHELASTIC_USE_AGENT_STORE"
+                       "=True, its static rendezvous) with torch's c10d TCPStore, whose protocol libcomm's store does "
+                       "not speak; run torchrun with --standalone or --rdzv_backend c10d (the workers then get a free "
+                       "MASTER_PORT for libcomm's store), or pass init_method tcp://HOST:PORT or file:///PATH");
   TcpStoreOptions options;
   options.host = id.store_host;
   options.port = id.store_port;
