@@ -172,3 +172,18 @@ TEST_CASE("grow processes: a joiner whose job store is gone (it died with rank 0
     CHECK(out.find(fix) != std::string::npos);
   }
 }
+
+TEST_CASE("grow processes: under torchrun's static rendezvous (TORCHELASTIC_USE_AGENT_STORE=True) env:// fails at "
+          "once, naming --standalone", "[grow_process]") {
+  TempDir dir;
+  const int port = free_port();
+  Env env = torchrun_env(0, 2, port, 300000, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  std::vector<Proc> procs{spawn_worker("joiner", env, dir.file("agent-store.out"))};  // a plain comm_init
+  CHECK(wait_all(procs, now_ms() + loaded_host::kSlackMs + 40000));  // far before the 300 s timeout
+  const std::string out = procs[0].output();
+  INFO(out);
+  auto j = triple(out, "INIT ");
+  REQUIRE(j.has_value());
+  CHECK(j->status == COMM_ERR_UNAVAILABLE);
+  CHECK(out.find("--standalone") != std::string::npos);
+}
