@@ -3,8 +3,9 @@
 // COMM_JOIN=1, in the dead rank's slot) through comm_grow; an all-reduce on the grown
 // communicator and on its comm_dup is right on all 4, and the communicator it grew from still works. Over sockets
 // (COMM_GROW_WAITING polled, and an explicit count), shared memory, the routed transport, and TLS with
-// COMM_AUTH_TOKEN. comm_grow(COMM_GROW_WAITING) with nobody waiting gives NULL on every member; a
-// joiner that cannot reach the job's store fails, naming the fixes.
+// COMM_AUTH_TOKEN; a joiner with other settings is refused. comm_grow(COMM_GROW_WAITING) with nobody
+// waiting gives NULL on every member; a joiner that cannot reach the job's store fails, naming the
+// fixes; env:// under torchrun's static rendezvous fails at once.
 #include <sstream>
 
 #include "process_harness.h"
