@@ -252,6 +252,13 @@ Status resolve_identity(const comm_config_t& cfg, Identity* out) {
   COMM_RETURN_IF_ERROR(parse_init_method(method, &kind, &id));
   COMM_RETURN_IF_ERROR(resolve_ranks(cfg, kind, &id));
   if (kind == Kind::kEnv) COMM_RETURN_IF_ERROR(resolve_master(&id));
+  int64_t external = 0, join = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_STORE_EXTERNAL", &external));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_JOIN", &join));
+  const auto agent = params::env("TORCHELASTIC_USE_AGENT_STORE");
+  id.external_store = external != 0;
+  id.agent_store = kind == Kind::kEnv && external == 0 && agent && *agent == "True";
+  id.join = join != 0;
   *out = std::move(id);
   return Status::Ok();
 }
@@ -269,10 +276,16 @@ Status open_store(const Identity& id, int timeout_ms, const std::string& auth_to
   if (m.rfind("file://", 0) == 0) return make_file_store(id.path, out).prefixed(context);
   if (m != "env://" && m.rfind("tcp://", 0) != 0)
     return InvalidArgument(context + "not a normalised init_method (resolve_identity makes one)");
+  if (id.agent_store)
+    return Unavailable(context + "torchrun's agent serves MASTER_ADDR:MASTER_PORT itself (TORCHELASTIC_USE_AGENT_STORE"
+                       "=True, its static rendezvous) with torch's c10d TCPStore, whose protocol libcomm's store does "
+                       "not speak; run torchrun with --standalone or --rdzv_backend c10d (the workers then get a free "
+                       "MASTER_PORT for libcomm's store), or pass init_method tcp://HOST:PORT or file:///PATH");
   TcpStoreOptions options;
   options.host = id.store_host;
   options.port = id.store_port;
-  options.is_server = id.rank == 0;
+  options.is_server = id.rank == 0 && !id.external_store && !id.join;
+  options.external = id.external_store;
   options.world_size = id.world_size;
   options.timeout_ms = timeout_ms;
   options.auth_token = auth_token;

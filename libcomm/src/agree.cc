@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "communicator.h"
+#include "grow.h"
 #include "log.h"
 #include "store/store.h"
 #include "watch.h"
@@ -110,6 +111,8 @@ Status decide(comm_t c, Store& store, const std::vector<int>& mine, std::string*
   for (int r = 0; r < n; ++r) (in[static_cast<size_t>(r)] ? alive : failed).push_back(r);
   const bool quorum = 2 * alive.size() > static_cast<size_t>(n);
   *verdict = (quorum ? "OK " : "NOQUORUM ") + list_text(quorum ? failed : alive);
+  // For the launcher (comm-run --replace-failed), before the verdict: it replaces the excluded.
+  if (quorum && !failed.empty()) grow::record_exclusions(c, failed);
   return store.set("verdict", *verdict);
 }
 
@@ -137,7 +140,8 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
   auto unreachable = [&](const Status& st) {
     return Unavailable(where + "the job store does not answer (" + st.message() + "); its server, world rank 0, "
                        "may be the rank that failed: the agreement needs a store that outlives the failure "
-                       "(init_method file://, or world rank 0 alive); comm_shrink with an explicit list works "
+                       "(comm-run --replace-failed, COMM_STORE_EXTERNAL=1 with a store served outside the ranks, "
+                       "init_method file://, or world rank 0 alive); comm_shrink with an explicit list works "
                        "without it");
   };
   for (int round = 0; round < kRounds; ++round) {

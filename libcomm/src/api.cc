@@ -8,6 +8,7 @@
 #include "abi_guard.h"
 #include "communicator.h"
 #include "group.h"
+#include "grow.h"
 #include "log.h"
 #include "version.h"
 #include "device/device.h"
@@ -168,6 +169,17 @@ COMM_API comm_status_t comm_agree_failed(comm_t c, int* failed, int capacity, in
     *n_failed = static_cast<int>(agreed.size());
     for (int i = 0; i < capacity && i < *n_failed; ++i) failed[i] = agreed[static_cast<size_t>(i)];
     return Status::Ok();
+  });
+}
+
+COMM_API comm_status_t comm_grow(comm_t c, int n_join, comm_t* out) {
+  return comm::guarded("comm_grow", [&]() -> Status {
+    if (c == nullptr || out == nullptr) return comm::InvalidArgument("comm_grow: NULL communicator or output pointer");
+    *out = nullptr;
+    if (n_join <= 0 && n_join != COMM_GROW_WAITING)
+      return comm::InvalidArgument("comm_grow: n_join " + std::to_string(n_join) + " must be positive (that many "
+                                   "joiners), or COMM_GROW_WAITING (the joiners waiting now)");
+    return comm::grow::grow_communicator(c, n_join, out);
   });
 }
 
