@@ -7,10 +7,12 @@
 #include "reachability.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
 #include <sstream>
 
+#include "deadline.h"
 #include "log.h"
 #include "posix/endpoints.h"
 #include "posix/path_memory.h"
@@ -200,7 +202,7 @@ struct Interface {
 };
 
 // Seeds the path memory with both directions and says, once per rank, what was found.
-void apply(const ReachInput& in, const Plan& p, const std::vector<Outcome>& all) {
+void apply(const ReachInput& in, const Plan& p, const std::vector<Outcome>& all, Clock::time_point start) {
   const int my_host = in.host_of[static_cast<size_t>(in.rank)];
   std::vector<Interface> ifs;
   auto iface = [&ifs](const std::string& name, const std::string& address) -> Interface& {
@@ -299,14 +301,17 @@ void apply(const ReachInput& in, const Plan& p, const std::vector<Outcome>& all)
                                "will fail (set NCCL_SOCKET_IFNAME or COMM_SOCKET_IFNAME to interfaces that do)"
                              : "; using " + using_ifs;
   const int leader = p.leader[static_cast<size_t>(my_host)];
-  COMM_INFO(kNet, "rank %d: reachability at init (TCP handshakes%s, both ways, COMM_SOCKET_CONNECT_TIMEOUT_MS=%d): %s%s",
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  COMM_INFO(kNet, "rank %d: reachability at init (TCP handshakes%s, both ways, COMM_SOCKET_CONNECT_TIMEOUT_MS=%d; "
+            "probes and round %lld ms): %s%s",
             in.rank, leader == in.rank ? "" : (" by rank " + std::to_string(leader) + " on this host").c_str(),
-            in.connect_timeout_ms, text.c_str(), tail.c_str());
+            in.connect_timeout_ms, static_cast<long long>(took), text.c_str(), tail.c_str());
 }
 
 }  // namespace
 
 Status prove_reachability(Store& store, const ReachInput& in) {
+  const Clock::time_point start = Clock::now();
   Plan p;
   if (!make_plan(in, &p)) return Status::Ok();
   const bool probes = std::binary_search(p.probers.begin(), p.probers.end(), in.rank);
@@ -319,7 +324,7 @@ Status prove_reachability(Store& store, const ReachInput& in) {
   for (const auto& o : all)
     if (o.prober < 0 || o.prober >= size || o.target < 0 || o.target >= size)
       return Internal("malformed reachability summary in the store (a rank out of range)");
-  apply(in, p, all);
+  apply(in, p, all, start);
   return Status::Ok();
 }
 
