@@ -105,29 +105,20 @@ void probe_paths(const std::vector<std::vector<std::string>>& groups, int timeou
   const Deadline deadline = Deadline::after_ms(timeout_ms);
   std::vector<pollfd> pfds;
   std::vector<size_t> which;
+  // Each turn polls first and gives up after: a prober the scheduler left waiting past a
+  // deadline still reads the answers that came meanwhile (a busy host is not a dead path).
   for (;;) {
     pfds.clear();
     which.clear();
     Clock::time_point wake = deadline.at();
     for (size_t i = 0; i < dials.size(); ++i) {
-      Dial& d = dials[i];
-      if (d.done) continue;
-      if (answered[d.group] != Clock::time_point::max()) {
-        const Clock::time_point give_up = answered[d.group] + std::chrono::milliseconds(grace_ms);
-        if (Clock::now() >= give_up) {
-          ProbeResult& r = (*out)[d.group][d.index];
-          r.waited_ms = ms_since(start);
-          r.gave_up_early = true;
-          d.fd.reset();
-          d.done = true;
-          continue;
-        }
-        wake = std::min(wake, give_up);
-      }
-      pfds.push_back(pollfd{d.fd.get(), POLLOUT, 0});
+      if (dials[i].done) continue;
+      if (answered[dials[i].group] != Clock::time_point::max())
+        wake = std::min(wake, answered[dials[i].group] + std::chrono::milliseconds(grace_ms));
+      pfds.push_back(pollfd{dials[i].fd.get(), POLLOUT, 0});
       which.push_back(i);
     }
-    if (pfds.empty() || deadline.expired()) break;
+    if (pfds.empty()) break;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count();
     const int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000)));
     if (n < 0 && errno != EINTR) break;
@@ -144,6 +135,18 @@ void probe_paths(const std::vector<std::vector<std::string>>& groups, int timeou
       d.fd.reset();  // a plain close: the listener reads end of file before a Hello
       d.done = true;
     }
+    const Clock::time_point now = Clock::now();
+    for (auto& d : dials) {
+      if (d.done || answered[d.group] == Clock::time_point::max() ||
+          now < answered[d.group] + std::chrono::milliseconds(grace_ms))
+        continue;
+      ProbeResult& r = (*out)[d.group][d.index];
+      r.waited_ms = ms_since(start);
+      r.gave_up_early = true;
+      d.fd.reset();
+      d.done = true;
+    }
+    if (deadline.expired()) break;
   }
   for (auto& d : dials)
     if (!d.done) (*out)[d.group][d.index].waited_ms = ms_since(start);
