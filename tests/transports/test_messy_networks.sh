@@ -11,6 +11,8 @@
 #   hosts4x2: 4 hosts x 2 ranks, island (shared memory inside a host, sockets between);
 #   prefix: the island with NCCL_SOCKET_IFNAME=eth, a prefix both interfaces match: the
 #       reachability check at init chooses eth1 among the user's set;
+#   eager: the asymmetric path with COMM_SOCKET_EAGER=1 (every pair connected at init, the
+#       higher rank dialing: rank 1, whose SYNs host 0 drops on eth0);
 #   none, none-firewall: NCCL_SOCKET_IFNAME=eth0 (the island, or the silent firewall): every rank
 #       fails within 15 s, naming the peer, its address with the interface and the error, and
 #       the fix (NCCL_SOCKET_IFNAME=eth1).
@@ -29,13 +31,14 @@ command -v ip >/dev/null || skip "iproute2 (ip) is not installed"
 ip netns add "messyprobe$$" 2>/dev/null || skip "ip netns add failed (no CAP_SYS_ADMIN or no netns support here)"
 ip netns del "messyprobe$$"
 
-hosts=2 per_host=1 kind=$scenario expect=ok spec="" extra=()
+hosts=2 per_host=1 kind=$scenario expect=ok spec="" extra=() eager=0
 case $scenario in
   island|firewall|storeport|asymmetric|lookalike|ipv6) ;;
   hostname) kind=firewall extra=(--master-name master) ;;
   tree8) hosts=8 kind=storeport ;;
   hosts4x2) hosts=4 per_host=2 kind=island ;;
   prefix) kind=island spec=eth ;;
+  eager) kind=asymmetric eager=1 ;;
   none) kind=island expect=fail spec=eth0 ;;
   none-firewall) kind=firewall expect=fail spec=eth0 ;;
   *) echo "unknown scenario '$scenario'"; exit 2 ;;
@@ -48,6 +51,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 envs=(env -u COMM_SOCKET_IFNAME -u NCCL_SOCKET_IFNAME COMM_TIMEOUT_MS=120000 COMM_DEBUG=INFO COMM_DEBUG_SUBSYS=NET)
 [[ -n $spec ]] && envs+=("NCCL_SOCKET_IFNAME=$spec")
+((eager)) && envs+=(COMM_SOCKET_EAGER=1)
 # A rank ignores SIGTERM (inherited), so that the first rank to fail does not stop the others
 # before they say why they fail; a watchdog beside it kills it at 90 s (COMM_TIMEOUT_MS is 120 s),
 # so netsim, which waits for its ranks, always gets to remove its namespaces.
@@ -90,7 +94,9 @@ if [[ $expect == ok ]]; then
         bad "rank 0 does not say that rank 1 cannot reach its eth0 (one way only)"
       grep 'rank 1: reachability at init' "$out" |
         grep -q 'eth0 10\.76\.0\.2/24: no answer from rank 0 at 10\.76\.0\.1:[0-9]*.*; using eth1$' ||
-        bad "rank 1 does not say that rank 0's eth0 did not answer" ;;
+        bad "rank 1 does not say that rank 0's eth0 did not answer"
+      # Both ranks learned it at init, so no dial (lazy or eager) spends its first try on eth0.
+      grep -q ': cannot reach rank [0-9]* at ' "$out" && bad "a dial tried eth0 first, which init had proven dropped" ;;
     lookalike)
       says "the bridge, its address as this host's own and eth1" \
         "br-1a2b3c4d 172\.17\.0\.1/16: rank [0-9]*'s address 172\.17\.0\.1 is this host's own .*; using eth1$" ;;
