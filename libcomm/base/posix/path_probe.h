@@ -28,8 +28,10 @@ struct ProbeResult {
 // groups[g] holds the addresses of one peer host. Every address is dialed at once; one that
 // does not answer is given up timeout_ms after the start, or grace_ms after another address of
 // its group connected (an answer there proves the host is up and fast: Happy Eyeballs' 250 ms,
-// RFC 8305). An address of this host itself is a look-alike (a bridge address every host has)
-// and is not dialed. out[g][k] answers groups[g][k]. Bounded by timeout_ms.
+// RFC 8305). An address of this host itself beside others that are not is a look-alike (a
+// bridge address every host has) and is not dialed; a group of this host's addresses only is on
+// this machine (ranks told apart by COMM_HOST_ID) and is dialed. out[g][k] answers groups[g][k].
+// Bounded by timeout_ms.
 void probe_paths(const std::vector<std::vector<std::string>>& groups, int timeout_ms, int grace_ms,
                  std::vector<std::vector<ProbeResult>>* out);
 
