@@ -19,6 +19,7 @@
 #include "observe/live.h"
 #include "params.h"
 #include "process_plan.h"
+#include "reachability.h"
 #include "registry.h"
 #include "rendezvous.h"
 #include "tls/tls.h"
@@ -160,6 +161,19 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   c->host_of = std::move(agreed.host_of);
   c->world_addrs = std::make_shared<std::vector<std::string>>(std::move(agreed.hosts));
   c->early_listener = std::move(agreed.early);  // the transport that listens early adopts it (connect.cc)
+  if (c->early_listener && !c->all_local) {
+    // Every published address of a few other hosts proven both ways before any connection
+    // needs one (reachability.h): the socket mesh's dials then start with paths that work.
+    ReachInput reach;
+    reach.rank = c->rank;
+    reach.host_of = c->host_of;
+    reach.table = c->early_listener->table;
+    reach.timeout_ms = c->settings.timeout_ms;
+    int64_t connect_ms = 4000;
+    COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &connect_ms));
+    reach.connect_timeout_ms = static_cast<int>(connect_ms);
+    COMM_RETURN_IF_ERROR(prove_reachability(*c->job_store, reach));
+  }
   c->world_ranks.resize(static_cast<size_t>(c->size));
   for (int r = 0; r < c->size; ++r) c->world_ranks[static_cast<size_t>(r)] = r;
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));

@@ -221,8 +221,14 @@ Status Mesh::on_incoming(Incoming& in, std::vector<MeshLink>* done) {
     char* dst = (in.challenged ? reinterpret_cast<char*>(&in.proof) : reinterpret_cast<char*>(&in.hello)) + in.got;
     ssize_t n = ::recv(in.fd.get(), dst, want - in.got, MSG_DONTWAIT);
     if (n == 0) {
-      // Quiet: a dial that lost to the peer's own (see validate) ends this way.
-      drop(in, "closed the connection before completing the handshake", true);
+      // Quiet: a dial that lost to the peer's own (see validate) ends this way, and so does
+      // init's reachability probe (libcomm/src/reachability.cc) and a dial attempt whose sibling
+      // connected first (mesh_dial.cc), before any byte.
+      drop(in, in.got == 0 && !in.challenged
+                   ? "closed the connection before sending a handshake (as init's reachability probe does, "
+                     "and a dial whose other address connected first)"
+                   : "closed the connection before completing the handshake",
+           true);
       return Status::Ok();
     }
     if (n < 0) {

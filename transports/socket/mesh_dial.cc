@@ -16,6 +16,7 @@
 
 #include "log.h"
 #include "posix/path_memory.h"
+#include "posix/path_probe.h"
 #include "socket/mesh.h"
 #include "socket/mesh_states.h"
 #include "socket/wire.h"
@@ -29,25 +30,8 @@ bool final_for_address(int err) {
          err == EAFNOSUPPORT || err == ETIMEDOUT || err == EACCES || err == EPERM;
 }
 
-const char* errno_name(int err) {
-  switch (err) {
-    case EHOSTUNREACH: return "EHOSTUNREACH";
-    case ENETUNREACH: return "ENETUNREACH";
-    case ENETDOWN: return "ENETDOWN";
-    case EHOSTDOWN: return "EHOSTDOWN";
-    case EADDRNOTAVAIL: return "EADDRNOTAVAIL";
-    case EAFNOSUPPORT: return "EAFNOSUPPORT";
-    case ETIMEDOUT: return "ETIMEDOUT";
-    case ECONNREFUSED: return "ECONNREFUSED";
-    case EACCES: return "EACCES";
-    case EPERM: return "EPERM";
-    default: return "";
-  }
-}
-
 std::string connect_error(int err) {
-  const char* name = errno_name(err);
-  return "connect(): " + errno_string(err) + (*name != '\0' ? std::string(" (") + name + ")" : "");
+  return posix::probe_error_text(err, 0);
 }
 
 }  // namespace
