@@ -1,4 +1,4 @@
-// Reachability proven at init (docs/topology.md, "Messy networks: reachability proven at init";
+// Reachability proven at init (docs/topology.md, "Reachability proven at init";
 // issue 34): after the init verdict and before any transport connects, the first rank of each
 // multi-homed host dials every published address of a few other hosts (a TCP handshake each,
 // libcomm/base/posix/path_probe.h), one more store round tells every rank every outcome, and

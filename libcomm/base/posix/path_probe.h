@@ -1,5 +1,5 @@
-// Proving paths to other hosts with a TCP handshake each (docs/topology.md, "Messy networks:
-// reachability proven at init"): the init's reachability round (libcomm/src/reachability.cc)
+// Proving paths to other hosts with a TCP handshake each (docs/topology.md, "Reachability
+// proven at init"): the init's reachability round (libcomm/src/reachability.cc)
 // dials every published address of a few peer hosts at once, learns which answer, and closes.
 // Only the kernel's handshake is needed: the peer's listener is up (it listened before the init
 // verdict) and the handshake completes in its backlog, and the socket mesh drops a connection
