@@ -72,7 +72,7 @@ TEST_CASE("the metrics snapshot carries the engine's steps, exposed communicatio
   REQUIRE(ranks.all_ok());
   constexpr int kSteps = 3;
   std::vector<comm_engine_stats_t> stats(2);
-  std::set<int> with_engine;  // the ranks whose engine communicator the snapshot listed
+  std::set<int> with_engine;  // the ranks whose communicator the snapshot listed with engine steps
   abi::on_ranks(2, [&](int r) {
     comm_engine_t eng = nullptr;
     REQUIRE(comm_engine_create(ranks.comms[static_cast<size_t>(r)], nullptr, &eng) == COMM_OK);
@@ -88,12 +88,13 @@ TEST_CASE("the metrics snapshot carries the engine's steps, exposed communicatio
     comm_engine_stats_t& st = stats[static_cast<size_t>(r)];
     st.size = sizeof st;
     REQUIRE(comm_engine_stats(eng, &st) == COMM_OK);
-    // Before either destroys its engine: the engine's own communicators (dups) are live, with their steps.
+    // Counted on the communicator the engine was created on (the trainer's), not on its dup.
     comm_barrier(ranks.comms[static_cast<size_t>(r)], nullptr);
     if (r == 0) {
       const nlohmann::json j = take();
       for (const auto& c : j["comms"]) {
         if (!c.contains("engine")) continue;
+        CHECK(c["comm"] == "0");
         with_engine.insert(c["rank"].get<int>());
         CHECK(c["engine"]["steps"] == kSteps);
         CHECK(c["engine"]["exposed_s"].get<double>() >= 0.0);

@@ -251,11 +251,13 @@ void Engine::record_overlapped_step() {
   publish_step();
 }
 
-// The last synced step's numbers to the metrics (engine_view.h): as comm_engine_stats reports them.
+// The last synced step's numbers to the metrics (engine_view.h): as comm_engine_stats reports them,
+// on the trainer's communicator (it outlives the engine's dup, so the final counts written when the
+// last communicator goes, COMM_METRICS_TEXTFILE, still carry them).
 void Engine::publish_step() {
   double comm_us = 0;
   for (const auto& p : last_parts_) comm_us += p.done_us - p.start_us;
-  record_engine_step(comm_, last_step_us_, last_exposed_us_, comm_us);
+  record_engine_step(parent_, last_step_us_, last_exposed_us_, comm_us);
 }
 
 Status Engine::end() {

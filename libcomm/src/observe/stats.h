@@ -44,7 +44,7 @@ class Stats {
   void record(transport::CollKind kind, uint64_t bytes, uint64_t ns, const char* algorithm, int last_peer,
               uint64_t last_wait_ns);
   void error(comm_status_t code);
-  // The gradient engine on this communicator (its own dup), after each synced step: the step's
+  // A gradient engine created on this communicator, after each synced step: the step's
   // time, the part of it the trainer blocked on communication (exposed), and the communication's
   // own time (its partitions' start to done). The engine's mutex serialises the calls.
   void engine_step(double step_us, double exposed_us, double comm_us);
