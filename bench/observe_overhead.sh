@@ -6,12 +6,15 @@
 # where the scraper can reach it); medians and the range over the rounds.
 #   BASE_BUILD=/path/to/main/build bench/observe_overhead.sh           # 2 local ranks (shared memory)
 #   sudo MODE=netsim BASE_BUILD=... bench/observe_overhead.sh          # 4 netsim hosts at 2 Gbit/s
-# ROUNDS (default 10), BUILD_DIR (default build). Results to OUT (default bench/results/observe-<time>).
+# ROUNDS (default 10), BUILD_DIR (default build), SETTINGS (default "base off detect metrics"; each
+# round runs them in this order, the next round in the reverse one, so neither side always goes
+# first). Results to OUT (default bench/results/observe-<time>).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD_DIR=$(cd "${BUILD_DIR:-$ROOT/build}" && pwd)
 BASE_BUILD=$(cd "${BASE_BUILD:?set BASE_BUILD to a build of the commit before issue 36}" && pwd)
 MODE=${MODE:-local} ROUNDS=${ROUNDS:-10}
+read -r -a settings <<<"${SETTINGS:-base off detect metrics}"
 OUT=${OUT:-$ROOT/bench/results/observe-$MODE-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 PORT=19400
@@ -40,7 +43,9 @@ if [[ $MODE == netsim ]]; then small=(-b 8 -e 8 -n 2000 -w 100 -c 0); large=(-b 
 else small=(-b 8 -e 8 -n 20000 -w 1000 -c 0); large=(-b 64M -e 64M -n 20 -w 3 -c 0); fi
 
 for ((r = 1; r <= ROUNDS; r++)); do
-  for setting in base off detect metrics; do
+  order=("${settings[@]}")
+  if ((r % 2 == 0)); then for ((i = ${#settings[@]} - 1, k = 0; i >= 0; i--, k++)); do order[k]=${settings[i]}; done; fi
+  for setting in "${order[@]}"; do
     build=$BUILD_DIR
     [[ $setting == base ]] && build=$BASE_BUILD
     for size in small large; do
@@ -61,11 +66,13 @@ for ((r = 1; r <= ROUNDS; r++)); do
   done
 done | tee "$OUT/runs.txt"
 
-python3 - "$OUT" "$ROUNDS" <<'EOF' | tee "$OUT/summary.md"
-import glob, os, re, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+python3 - "$OUT" "$ROUNDS" "${settings[@]}" <<'EOF' | tee "$OUT/summary.md"
+import os, statistics, sys
+out, rounds, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def value(path, col):
     """col 5: the out-of-place time (us); col 7: busbw, from that time (the printed column has 2 decimals)."""
+    if not os.path.exists(path):
+        return None
     for line in open(path):
         f = line.split()
         if len(f) >= 13 and f[2] == "float":
@@ -74,16 +81,20 @@ def value(path, col):
                 return float(f[0]) / (float(f[5]) * 1e-6) / 1e9 * 2 * (n - 1) / n
             return float(f[col])
     return None
-print("| setting | 8 B out-of-place time (us): median (min-max) | vs base | 64 MiB out-of-place busbw (GB/s): median (min-max) | vs base |")
+def cell(vals):
+    return f"{statistics.median(vals):.3f} ({min(vals):.3f}-{max(vals):.3f}), n={len(vals)}" if vals else "n/a"
+# Per size: the values of each round, so each setting is also compared with base in the same round
+# (neighbouring runs share the machine's load), as a ratio.
+print("| setting | 8 B out-of-place time (us): median (min-max) | ratio to base, same round: median (min-max) "
+      "| 64 MiB out-of-place busbw (GB/s): median (min-max) | ratio to base, same round: median (min-max) |")
 print("|---|---|---|---|---|")
-base = {}
-for setting in ("base", "off", "detect", "metrics"):
+for setting in settings:
     cells = []
     for size, col in (("small", 5), ("large", 7)):
-        vals = [v for v in (value(p, col) for p in glob.glob(f"{out}/{setting}-{size}-*.txt")) if v is not None]
-        med = statistics.median(vals) if vals else float("nan")
-        base.setdefault(size, med)
-        cells.append(f"{med:.3f} ({min(vals):.3f}-{max(vals):.3f}), n={len(vals)}" if vals else "n/a")
-        cells.append(f"{med / base[size]:.3f}")
+        mine = {r: value(f"{out}/{setting}-{size}-{r}.txt", col) for r in range(1, rounds + 1)}
+        base = {r: value(f"{out}/base-{size}-{r}.txt", col) for r in range(1, rounds + 1)}
+        vals = [v for v in mine.values() if v is not None]
+        ratios = [mine[r] / base[r] for r in mine if mine[r] is not None and base[r]]
+        cells += [cell(vals), cell(ratios)]
     print(f"| {setting} | " + " | ".join(cells) + " |")
 EOF

@@ -345,6 +345,10 @@ class Transport {
   // first of each peer in a collective (common/arrivals.h, which defines it; include it to call).
   // waited = false: it was there when this rank first looked, so this rank did not wait for it.
   inline void arrived(int peer, const OpTag& tag, bool waited = true);
+  // A message to (sent) or from `peer` completed: per-peer bytes each way (common/arrivals.h).
+  inline void moved_bytes(int peer, bool sent, uint64_t bytes);
+  // Straggler detection's per-peer counters, null when COMM_STRAGGLER_MS=0 (common/arrivals.h).
+  Arrivals* arrivals() const { return options_.arrivals.get(); }
   // A peer's report (an ERROR frame, a failure in its header) said its wait timed out.
   void peer_timed_out() { peer_reported_timeout_.store(true, std::memory_order_release); }
 

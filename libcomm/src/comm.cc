@@ -242,6 +242,9 @@ int rank_of(comm_t c) { return c->rank; }
 int size_of(comm_t c) { return c->size; }
 bool aborted(comm_t c) { return c->aborted.load(std::memory_order_acquire); }
 const tuning::Applied* tuning_of(comm_t c) { return c->tuning.get(); }
+void record_engine_step(comm_t c, double step_us, double exposed_us, double comm_us) {
+  c->stats.engine_step(step_us, exposed_us, comm_us);
+}
 
 void destroy_communicator(comm_t c) {
   observe::detach(c);  // first: no scrape reads it while it goes

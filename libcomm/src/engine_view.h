@@ -16,6 +16,9 @@ int size_of(comm_t comm);
 bool aborted(comm_t comm);
 // The tuning profile's entries for its rank count and transport (null only before its init ends).
 const tuning::Applied* tuning_of(comm_t comm);
+// After each synced step of an engine created on comm (the trainer's): the step's numbers for the metrics
+// (libcomm/src/observe/stats.h, Stats::engine_step; docs/observability.md).
+void record_engine_step(comm_t comm, double step_us, double exposed_us, double comm_us);
 
 // Records a failure that involved peers: the communicator is broken (the first failure sticks),
 // its peers are told once, the failure is logged. The one way to break a communicator, for the

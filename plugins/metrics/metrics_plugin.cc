@@ -151,8 +151,34 @@ std::vector<MetricFamily> collect() {
       out.counter("libcomm_peer_late_total",
                   "collectives in which this peer's first message came last and COMM_STRAGGLER_MS late or more",
                   labels, num(p, "late"));
+      out.counter("libcomm_peer_recv_wait_seconds_total",
+                  "time this rank's waits blocked with a receive from this peer unfinished, over whole calls", labels,
+                  num(p, "recv_wait_s"));
+      out.counter("libcomm_peer_transfer_wait_seconds_total",
+                  "the part of those waits after the peer's message had begun to arrive (a slow link or sender)",
+                  labels, num(p, "flow_wait_s"));
+      out.counter("libcomm_peer_sent_bytes_total", "payload bytes of messages this rank sent to this peer", labels,
+                  num(p, "sent_bytes"));
+      out.counter("libcomm_peer_received_bytes_total", "payload bytes of messages this rank received from this peer",
+                  labels, num(p, "received_bytes"));
+      out.counter("libcomm_peer_reconnects_total", "connections to this peer dialed again after a failed attempt",
+                  labels, num(p, "reconnects"));
       out.gauge("libcomm_peer_awaited", "1 while the running collective still waits for this peer's first message",
                 labels, p.value("awaited", false) ? 1 : 0);
+    }
+    if (auto e = c.find("engine"); e != c.end() && e->is_object()) {
+      out.counter("libcomm_engine_steps_total", "synced steps of the gradient engine on this communicator", base,
+                  num(*e, "steps"));
+      out.counter("libcomm_engine_step_seconds_total", "those steps' time, begin to end returning", base,
+                  num(*e, "step_s"));
+      out.counter("libcomm_engine_exposed_comm_seconds_total",
+                  "the part of those steps the trainer blocked on communication (exposed)", base, num(*e, "exposed_s"));
+      out.counter("libcomm_engine_comm_seconds_total", "the steps' communication time (partitions' start to done)",
+                  base, num(*e, "comm_s"));
+      out.gauge("libcomm_engine_exposed_comm_seconds", "the last synced step's exposed communication time", base,
+                num(*e, "last_exposed_s"));
+      out.gauge("libcomm_engine_overlap_ratio", "the last synced step's overlap: 1 - exposed / communication time",
+                base, num(*e, "last_overlap"));
     }
   }
   return out.take();

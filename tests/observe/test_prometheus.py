@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+
+from procs import stop_group
 
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
 RANKS = 4
@@ -151,13 +152,7 @@ def main():
         return 0
     finally:
         for p in (job, prom):
-            if p is not None and p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            stop_group(p)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

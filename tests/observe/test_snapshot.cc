@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <set>
 #include <string>
+#include <vector>
 
 #include "abi/harness.h"
 #include "communicator.h"
@@ -63,4 +65,51 @@ TEST_CASE("the metrics snapshot counts each live communicator's calls and bytes,
   CHECK(seen == 2);
   abi::destroy_ranks(ranks.comms);
   for (const auto& c : take()["comms"]) CHECK(c["comm"] != "0");  // a destroyed communicator's series go
+}
+
+TEST_CASE("the metrics snapshot carries the engine's steps, exposed communication time and overlap", "[snapshot]") {
+  abi::Ranks ranks = abi::init_ranks(2, "snapshot-engine", 30000);
+  REQUIRE(ranks.all_ok());
+  constexpr int kSteps = 3;
+  std::vector<comm_engine_stats_t> stats(2);
+  std::set<int> with_engine;  // the ranks whose communicator the snapshot listed with engine steps
+  abi::on_ranks(2, [&](int r) {
+    comm_engine_t eng = nullptr;
+    REQUIRE(comm_engine_create(ranks.comms[static_cast<size_t>(r)], nullptr, &eng) == COMM_OK);
+    std::vector<float> g(4096, 1.0f);
+    int index = -1;
+    REQUIRE(comm_engine_register(eng, g.size(), COMM_FLOAT32, &index) == COMM_OK);
+    REQUIRE(comm_engine_finalize(eng) == COMM_OK);
+    for (int s = 0; s < kSteps; ++s) {
+      REQUIRE(comm_engine_begin(eng, 1) == COMM_OK);
+      REQUIRE(comm_engine_grad_ready(eng, index, g.data()) == COMM_OK);
+      REQUIRE(comm_engine_end(eng) == COMM_OK);
+    }
+    comm_engine_stats_t& st = stats[static_cast<size_t>(r)];
+    st.size = sizeof st;
+    REQUIRE(comm_engine_stats(eng, &st) == COMM_OK);
+    // Counted on the communicator the engine was created on (the trainer's), not on its dup.
+    comm_barrier(ranks.comms[static_cast<size_t>(r)], nullptr);
+    if (r == 0) {
+      const nlohmann::json j = take();
+      for (const auto& c : j["comms"]) {
+        if (!c.contains("engine")) continue;
+        CHECK(c["comm"] == "0");
+        with_engine.insert(c["rank"].get<int>());
+        CHECK(c["engine"]["steps"] == kSteps);
+        CHECK(c["engine"]["exposed_s"].get<double>() >= 0.0);
+        CHECK(c["engine"]["exposed_s"].get<double>() <= c["engine"]["step_s"].get<double>() + 1e-6);
+        // The last step's exposed time and overlap are comm_engine_stats' (the snapshot rounds to ns).
+        if (c["rank"] == 0)
+          CHECK(c["engine"]["last_exposed_s"].get<double>() == Approx(st.exposed_comm_us * 1e-6).margin(1e-5));
+        const double overlap = c["engine"]["last_overlap"].get<double>();
+        CHECK(overlap >= 0.0);
+        CHECK(overlap <= 1.0);
+      }
+    }
+    comm_barrier(ranks.comms[static_cast<size_t>(r)], nullptr);
+    REQUIRE(comm_engine_destroy(eng) == COMM_OK);
+  });
+  CHECK(with_engine == std::set<int>{0, 1});
+  abi::destroy_ranks(ranks.comms);
 }

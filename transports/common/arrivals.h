@@ -88,11 +88,47 @@ class Arrivals {
   uint64_t wait_ns(int peer) const { return peers_[static_cast<size_t>(peer)].wait_ns.load(std::memory_order_relaxed); }
   uint64_t last_seq(int peer) const { return peers_[static_cast<size_t>(peer)].last_seq.load(std::memory_order_acquire); }
 
+  // The rest of the call, not only its first message (a slow link shows here, docs/observability.md):
+  // the transport's wait thread charges each stretch it blocked to every peer whose receive was
+  // still unfinished; `flowing`: that receive's message had begun to arrive (its header matched),
+  // so the stretch was spent on the peer's bytes in transit (a slow link or a slow sender), not on
+  // the peer being late. Called only where the wait blocked (one clock read per wake-up).
+  void waited(int peer, uint64_t ns, bool flowing) {
+    if (peer < 0 || peer >= size_) return;
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    add(p.recv_wait_ns, ns);
+    if (flowing) add(p.flow_wait_ns, ns);
+  }
+  // A message to (sent) or from the peer completed: its payload bytes.
+  void moved(int peer, bool sent, uint64_t bytes) {
+    if (peer < 0 || peer >= size_) return;
+    Peer& p = peers_[static_cast<size_t>(peer)];
+    add(sent ? p.sent_bytes : p.recv_bytes, bytes);
+  }
+  // A connection to the peer that had to be dialed again (a failed attempt retried).
+  void redialed(int peer) {
+    if (peer >= 0 && peer < size_) peers_[static_cast<size_t>(peer)].reconnects.fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t recv_wait_ns(int peer) const { return get(peer, &Peer::recv_wait_ns); }
+  uint64_t flow_wait_ns(int peer) const { return get(peer, &Peer::flow_wait_ns); }
+  uint64_t sent_bytes(int peer) const { return get(peer, &Peer::sent_bytes); }
+  uint64_t recv_bytes(int peer) const { return get(peer, &Peer::recv_bytes); }
+  uint64_t reconnects(int peer) const { return get(peer, &Peer::reconnects); }
+
  private:
   static constexpr uint64_t kTieNs = 200000;  // 0.2 ms
   struct Peer {
     std::atomic<uint64_t> last_seq{0}, messages{0}, wait_ns{0};
+    // One writer per peer (the thread driving the transport that reaches it, under its lock).
+    std::atomic<uint64_t> recv_wait_ns{0}, flow_wait_ns{0}, sent_bytes{0}, recv_bytes{0};
+    std::atomic<uint64_t> reconnects{0};  // the mesh's thread: fetch_add, rare
   };
+  static void add(std::atomic<uint64_t>& a, uint64_t v) {
+    a.store(a.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+  }
+  uint64_t get(int peer, std::atomic<uint64_t> Peer::*field) const {
+    return (peers_[static_cast<size_t>(peer)].*field).load(std::memory_order_relaxed);
+  }
   const int size_;
   std::unique_ptr<Peer[]> peers_;
   std::atomic<uint64_t> seq_{0}, start_ns_{0}, last_wait_ns_{0};
@@ -101,6 +137,9 @@ class Arrivals {
 
 inline void Transport::arrived(int peer, const OpTag& tag, bool waited) {
   if (options_.arrivals) options_.arrivals->seen(peer, tag, waited);
+}
+inline void Transport::moved_bytes(int peer, bool sent, uint64_t bytes) {
+  if (options_.arrivals) options_.arrivals->moved(peer, sent, bytes);
 }
 
 }  // namespace comm::transport

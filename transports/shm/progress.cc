@@ -201,6 +201,7 @@ bool ShmTransport::send_progress(int i) {
       ch->head.value.store(++head, std::memory_order_release);
       if (r.moved == r.bytes) {
         r.done = true;
+        moved_bytes(p.rank, true, r.bytes);
         pop(p.sends);
       }
     }
@@ -215,7 +216,9 @@ bool ShmTransport::ack_progress(int i) {
   const uint64_t tail = channel_out(i)->tail.value.load(std::memory_order_acquire);
   bool moved = false;
   while (!p.acks.empty() && pool_[p.acks.head].until_tail <= tail) {
-    pool_[pop(p.acks)].done = true;
+    Request& r = pool_[pop(p.acks)];
+    r.done = true;
+    moved_bytes(p.rank, true, r.bytes);
     moved = true;
   }
   return moved;
@@ -264,6 +267,7 @@ Status ShmTransport::recv_progress(int i, bool* moved) {
     any = true;
     if (r.moved == r.bytes) {
       r.done = true;
+      moved_bytes(p.rank, false, r.bytes);
       pop(p.recvs);
     }
   }

@@ -33,6 +33,10 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   uint8_t nparts = 0;
   uint8_t parts_left = 0;
   bool large = false;  // counted in open_large_ while unfinished: the progress thread's work
+  bool flowing = false;  // a receive whose header matched: its bytes are on their way
+  // A wait's last look found this receive unfinished (1), and flowing (2): the wait charges the
+  // stretch to its peer (transports/common/arrivals.h, Arrivals::waited). 0: not charged.
+  uint8_t waiting = 0;
   int peer = -1;
   OpTag tag;
   char* buf = nullptr;

@@ -29,6 +29,10 @@
 #include "socket/net.h"
 #include "tls/tls.h"
 
+namespace comm::transport {
+class Arrivals;  // common/arrivals.h
+}
+
 namespace comm::transport::sock {
 
 struct MeshConfig {
@@ -45,6 +49,9 @@ struct MeshConfig {
   std::string route_ifname;  // the interface that reaches the store's host, for a failure's fix
   // COMM_TLS: after the handshake every connection runs TLS 1.3 (mesh_tls.cc); null: plaintext.
   std::shared_ptr<tls::Context> tls;
+  // Straggler detection's per-peer counters (common/arrivals.h): a failed dial retried counts as
+  // a reconnect of that peer. Null: not counted.
+  std::shared_ptr<Arrivals> arrivals;
 };
 
 struct MeshLink {

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/arrivals.h"
 #include "log.h"
 #include "posix/path_memory.h"
 #include "posix/path_probe.h"
@@ -311,6 +312,7 @@ void Mesh::retry(Outgoing& o, const std::string& why) {
   o.last_error = why;
   o.state = OutState::kWaitRetry;
   o.retry_at = Clock::now() + std::chrono::milliseconds(o.backoff_ms);
+  if (c_.arrivals) c_.arrivals->redialed(o.peer);
   COMM_INFO(kNet, "%s: connection #%d to rank %d at %s failed (%s); retrying in %d ms", me().c_str(), o.index, o.peer,
             o.where.c_str(), why.c_str(), o.backoff_ms);
   o.backoff_ms = std::min(o.backoff_ms * 2, kMaxBackoffMs);

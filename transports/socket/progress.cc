@@ -273,6 +273,7 @@ Status SocketTransport::match(Connection& c) {
                         " expects [" + std::to_string(p.offset) + ", +" + std::to_string(p.length) +
                         ") there (different COMM_SOCKET_NCONNS?)");
   c.hup_seen = false;
+  r.flowing = true;
   if (p.length > 0) {
     c.state = RecvState::kPayload;
     return Status::Ok();

@@ -102,6 +102,8 @@ Status SocketTransport::post_request(const Post& call, RequestId* id) {
   r.buf = buf;
   r.bytes = bytes;
   r.any = false;
+  r.flowing = false;
+  r.waiting = 0;
   return place(index);
 }
 
@@ -161,6 +163,8 @@ Status SocketTransport::post_any(const OpTag& tag, const uint64_t* next_seq, voi
   r.nparts = 0;
   r.parts_left = 1;  // unfinished until it matched and its parts arrived
   r.large = false;
+  r.flowing = false;
+  r.waiting = 0;
   r.any = true;
   r.source = source;
   r.next_seq = next_seq;
@@ -239,11 +243,23 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
     return fail(st);
   };
   ProgressClock clock(options_.timeout_ms, spin_);
+  // Per-peer waits over the whole call (common/arrivals.h): the stretch since the last look is
+  // charged to the peers whose receives that look found unfinished. Only a wait that blocked
+  // reads the clock for it, once per wake-up.
+  Arrivals* const charge = arrivals();
+  Clock::time_point last_look{};
+  bool charging = false;
   for (;;) {
     if (Status st = take_thread_failure(); !st.ok()) return failed(st);
-    bool all_done = true, some_done = false;
+    Clock::time_point now{};
+    if (charging) now = Clock::now();
+    bool all_done = true, some_done = false, waiting = false;
     for (size_t i = 0; i < n; ++i) {
       Request& r = pool_.of(ids[i]);
+      if (charging && r.waiting != 0)
+        charge->waited(r.peer, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   now - last_look).count()), r.waiting == 2);
+      r.waiting = 0;
       // A kept report fails the operation it names even where this rank's part of it is done.
       Status st = report_for_request(r);
       if (st.ok() && r.parts_left > 0) st = check_peers(r);
@@ -253,11 +269,17 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
         continue;
       }
       all_done = false;
+      if (charge != nullptr && !r.is_send && r.peer >= 0) {
+        r.waiting = r.flowing ? 2 : 1;
+        waiting = true;
+      }
     }
     if (all_done && !any) break;
     if (any && (some_done || n == 0 || woken_.exchange(false, std::memory_order_acq_rel))) return Status::Ok();
     if (aborted_.load(std::memory_order_acquire)) return usable();
-    Clock::time_point now = Clock::now();
+    if (!charging) now = Clock::now();
+    charging = waiting;
+    last_look = now;
     if (clock.expired(now)) return failed(Timeout(timeout_message(ids, n)));
     if (heartbeat_.count() != 0 && now >= next_beat_) beat(now);  // peers that idle hear this rank lives
     int poll_ms = clock.spinning(now) ? 0 : clock.block_ms(now, kMaxBlockMs);
@@ -380,6 +402,7 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     config.connect_timeout_ms = static_cast<int>(connect_timeout_ms);
     config.route_ifname = listen.route_ifname;
     config.tls = options.tls;
+    config.arrivals = options.arrivals;
     mesh = std::make_unique<Mesh>(config);
     if (options.early && !options.early->fds.empty())
       COMM_RETURN_IF_ERROR(mesh->adopt(std::move(options.early->fds), options.early->table));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/any_source.h"
+#include "common/arrivals.h"
 #include "common/progress_clock.h"
 #include "common/request_pool.h"
 #include "socket/connection.h"
@@ -95,7 +96,9 @@ class SocketTransport final : public Transport {
   void progress_thread_loop();
   bool thread_has_work() const;  // under the lock
   void part_done(Request& r) {
-    if (--r.parts_left == 0 && r.large) --open_large_;
+    if (--r.parts_left != 0) return;
+    if (r.large) --open_large_;
+    moved_bytes(r.peer, r.is_send, r.bytes);
   }
   Status take_thread_failure() {  // under the lock: what the thread met, for the caller's wait
     Status st = thread_failed_;

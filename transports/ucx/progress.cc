@@ -40,14 +40,19 @@ OpTag tag_of(const WireHeader& h) {
 
 // ---- UCP callbacks (inside ucp_worker_progress, on the thread driving the transport) ---------
 
+void UcxTransport::part_finished(uint32_t index) {
+  Request& r = pool_[index];
+  if (--r.parts_left == 0 && !r.any) moved_bytes(r.peer, r.is_send, r.bytes);
+  ++completions_;
+}
+
 void UcxTransport::on_send(void* request, ucs_status_t status, void* user_data) {
   auto* p = static_cast<Part*>(user_data);
   p->status = status;
   p->pending = false;
   p->ucp = nullptr;
   ucx_library().ucp_request_free(request);
-  --p->owner->pool_[p->request].parts_left;
-  ++p->owner->completions_;
+  p->owner->part_finished(p->request);
 }
 
 void UcxTransport::on_recv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
@@ -57,8 +62,7 @@ void UcxTransport::on_recv(void* request, ucs_status_t status, const ucp_tag_rec
   p->pending = false;
   p->ucp = nullptr;
   ucx_library().ucp_request_free(request);
-  --p->owner->pool_[p->request].parts_left;
-  ++p->owner->completions_;
+  p->owner->part_finished(p->request);
 }
 
 void UcxTransport::on_error_report(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
@@ -112,8 +116,7 @@ Status UcxTransport::start(Part& part, bool is_send, ucp_ep_h ep, void* buf, siz
     part.pending = false;
     part.status = req == nullptr ? UCS_OK : UCS_PTR_STATUS(req);
     part.length = bytes;
-    --pool_[part.request].parts_left;
-    ++completions_;
+    part_finished(part.request);
     return Status::Ok();
   }
   part.ucp = req;

@@ -157,6 +157,9 @@ class UcxTransport final : public Transport {
   // -1: none.
   int find_any();
   Status drive(const RequestId* ids, size_t n, bool any);
+  // One part of request `index` finished (a callback, or at once): the last one counts the
+  // message's bytes for its peer (common/arrivals.h). On the thread driving the transport.
+  void part_finished(uint32_t index);
   Status check(Request& r);        // a finished request: statuses, then the header against the posted call
   Status check_pending(Request& r);  // an unfinished one: is its peer still there?
   void check_pids();               // peers watched by pid: gone means failed

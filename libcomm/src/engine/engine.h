@@ -124,6 +124,7 @@ class Engine {
   // Waits (mu_ held) until the step's partitions are all done or the engine broke; polls the
   // trainer's communicator for comm_abort.
   Status wait_comm_idle(std::unique_lock<std::mutex>& lock, const char* fn);
+  void publish_step();                       // mu_ held: the last synced step to the metrics
   void complete_step();                      // mu_ held, every partition done: the step's numbers
   // Breaks the engine and tells the peers; interrupt: abort the bucket in flight first.
   Status fail(Status st, bool interrupt = false);

@@ -248,6 +248,16 @@ void Engine::record_overlapped_step() {
   complete_step();
   last_forward_wait_us_ = forward_wait_us_;
   last_exposed_us_ = forward_wait_us_;
+  publish_step();
+}
+
+// The last synced step's numbers to the metrics (engine_view.h): as comm_engine_stats reports them,
+// on the trainer's communicator (it outlives the engine's dup, so the final counts written when the
+// last communicator goes, COMM_METRICS_TEXTFILE, still carry them).
+void Engine::publish_step() {
+  double comm_us = 0;
+  for (const auto& p : last_parts_) comm_us += p.done_us - p.start_us;
+  record_engine_step(parent_, last_step_us_, last_exposed_us_, comm_us);
 }
 
 Status Engine::end() {
@@ -309,6 +319,7 @@ Status Engine::end() {
   const double t_out = now_us();
   last_exposed_us_ = t_done - t_wait;
   last_step_us_ = t_out - step_begin_us_;
+  publish_step();
   trace_.span(Trace::kStep, static_cast<int64_t>(steps_ + 1), steps_ + 1, step_begin_us_, t_out);
   trace_.span(Trace::kEndWait, static_cast<int64_t>(steps_ + 1), steps_ + 1, t_wait, t_done);
   last_synced_ = true;

@@ -10,6 +10,7 @@
 
 #include "flight_recorder.h"
 #include "log.h"
+#include "observe/endpoints.h"
 #include "observe/metrics_plugin.h"
 #include "params.h"
 
@@ -73,11 +74,10 @@ void* open_plugin(std::string* tried) {
   return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
 }
 
-// Prometheus's file-based service discovery: one target group, written whole (rename).
+// Prometheus's file-based service discovery: one target group, written whole (rename); and the
+// job's store (publish_endpoint).
+void publish_endpoint(comm_t c, const std::string& target, const std::string& hostname);
 void write_targets(comm_t c, const std::string& host, int port) {
-  std::string pattern;
-  if (!params::get_string("COMM_METRICS_FILE", &pattern).ok() || pattern.empty()) return;
-  const std::string file = expand_file_pattern(pattern, c->rank);
   char name[256] = "";
   gethostname(name, sizeof name - 1);
   for (char* ch = name; *ch; ++ch)
@@ -85,6 +85,10 @@ void write_targets(comm_t c, const std::string& host, int port) {
   const bool any = host == "0.0.0.0" || host == "::" || host.empty();
   const std::string target = (any ? std::string(name) : host.find(':') != std::string::npos ? "[" + host + "]" : host) +
                              ":" + std::to_string(port);
+  publish_endpoint(c, target, name);
+  std::string pattern;
+  if (!params::get_string("COMM_METRICS_FILE", &pattern).ok() || pattern.empty()) return;
+  const std::string file = expand_file_pattern(pattern, c->rank);
   // libcomm_rank, not rank: the page's own rank label (per communicator) stays as it is.
   const std::string text = "[{\"targets\": [\"" + target + "\"], \"labels\": {\"libcomm_host\": \"" + name +
                            "\", \"libcomm_rank\": \"" + std::to_string(c->rank) + "\"}}]\n";
@@ -96,6 +100,23 @@ void write_targets(comm_t c, const std::string& host, int port) {
   std::remove(tmp.c_str());
   COMM_WARN(kInit, "rank %d: cannot write COMM_METRICS_FILE %s (%s); the metrics are on %s", c->rank, file.c_str(),
             errno_string(errno).c_str(), target.c_str());
+}
+
+// The job's store, while it lives, lists every rank's endpoint, so comm-top finds the ranks without
+// a shared filesystem (`comm-top --store`, tools/comm-top/comm_top_store.cc, which proves
+// COMM_AUTH_TOKEN as the ranks do): a slot from a counter, then "RANK TARGET HOSTNAME" in it. Only
+// where the metrics listen; a store that does not answer costs a warning, never the job.
+void publish_endpoint(comm_t c, const std::string& target, const std::string& hostname) {
+  if (!c->job_store) return;
+  int64_t slot = 0;
+  Status st = c->job_store->add(std::string(kEndpointCounter), 1, &slot);
+  if (st.ok())
+    st = c->job_store->set(std::string(kEndpointPrefix) + std::to_string(slot - 1),
+                           std::to_string(c->rank) + " " + target + " " + hostname, Deadline::after_ms(5000));
+  c->job_store->release_idle();  // rank 0's store holds no connection per rank (docs/design.md, "Connections")
+  if (!st.ok())
+    COMM_WARN(kInit, "rank %d: the metrics endpoint %s is not in the job's store (%s); comm-top finds it through "
+              "COMM_METRICS_FILE instead", c->rank, target.c_str(), st.message().c_str());
 }
 
 }  // namespace

@@ -65,20 +65,33 @@ nlohmann::json describe(comm_t c, uint64_t now_ns) {
     // A peer is awaited while the running collective has not had its first message yet; only
     // peers that sent this rank first messages before are candidates (those it receives from).
     const uint64_t running = a->running_seq();
+    // Listed: the peers this rank exchanged with, the most waited on first (over the whole call
+    // and for first messages) when more than kMaxPeers did.
     std::vector<std::pair<uint64_t, int>> order;
     for (int p = 0; p < a->size(); ++p)
-      if (a->messages(p) != 0) order.emplace_back(a->wait_ns(p), p);
+      if (a->messages(p) != 0 || a->sent_bytes(p) != 0 || a->recv_bytes(p) != 0 || a->reconnects(p) != 0)
+        order.emplace_back(a->wait_ns(p) + a->recv_wait_ns(p), p);
     std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
     if (order.size() > kMaxPeers) order.resize(kMaxPeers);
     std::sort(order.begin(), order.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
-    for (const auto& [wait, p] : order)
+    for (const auto& [ignored, p] : order)
       peers.push_back({{"peer", p},
                        {"first_messages", a->messages(p)},
-                       {"wait_s", static_cast<double>(wait) * 1e-9},
+                       {"wait_s", static_cast<double>(a->wait_ns(p)) * 1e-9},
+                       {"recv_wait_s", static_cast<double>(a->recv_wait_ns(p)) * 1e-9},
+                       {"flow_wait_s", static_cast<double>(a->flow_wait_ns(p)) * 1e-9},
+                       {"sent_bytes", a->sent_bytes(p)},
+                       {"received_bytes", a->recv_bytes(p)},
+                       {"reconnects", a->reconnects(p)},
                        {"late", c->stats.late(p)},
-                       {"awaited", running != 0 && a->last_seq(p) < running}});
+                       {"awaited", running != 0 && a->messages(p) != 0 && a->last_seq(p) < running}});
   }
   j["peers"] = peers;
+  const Stats::EngineTotals e = c->stats.engine();
+  if (e.steps != 0)
+    j["engine"] = {{"steps", e.steps},          {"step_s", e.step_s},
+                   {"exposed_s", e.exposed_s},  {"comm_s", e.comm_s},
+                   {"last_exposed_s", e.last_exposed_s}, {"last_overlap", e.last_overlap}};
   return j;
 }
 

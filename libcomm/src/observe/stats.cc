@@ -1,6 +1,8 @@
 // The communicator's counters and straggler detection's window (stats.h).
 #include "observe/stats.h"
 
+#include <algorithm>
+
 #include "log.h"
 
 namespace comm::observe {
@@ -42,6 +44,33 @@ void Stats::record(transport::CollKind kind, uint64_t bytes, uint64_t ns, const 
 void Stats::error(comm_status_t code) {
   const auto c = static_cast<size_t>(code);
   if (c < kStatusCodes) errors_[c].fetch_add(1, std::memory_order_relaxed);
+}
+
+void Stats::engine_step(double step_us, double exposed_us, double comm_us) {
+  auto ns = [](double us) { return us > 0 ? static_cast<uint64_t>(us * 1e3) : uint64_t{0}; };
+  auto add = [](std::atomic<uint64_t>& a, uint64_t v) {
+    a.store(a.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+  };
+  add(engine_step_ns_, ns(step_us));
+  add(engine_exposed_ns_, ns(exposed_us));
+  add(engine_comm_ns_, ns(comm_us));
+  engine_last_exposed_ns_.store(ns(exposed_us), std::memory_order_relaxed);
+  engine_last_comm_ns_.store(ns(comm_us), std::memory_order_relaxed);
+  add(engine_steps_, 1);
+}
+
+Stats::EngineTotals Stats::engine() const {
+  EngineTotals t;
+  t.steps = engine_steps_.load(std::memory_order_relaxed);
+  t.step_s = static_cast<double>(engine_step_ns_.load(std::memory_order_relaxed)) * 1e-9;
+  t.exposed_s = static_cast<double>(engine_exposed_ns_.load(std::memory_order_relaxed)) * 1e-9;
+  t.comm_s = static_cast<double>(engine_comm_ns_.load(std::memory_order_relaxed)) * 1e-9;
+  const uint64_t exposed = engine_last_exposed_ns_.load(std::memory_order_relaxed);
+  const uint64_t comm = engine_last_comm_ns_.load(std::memory_order_relaxed);
+  t.last_exposed_s = static_cast<double>(exposed) * 1e-9;
+  // As comm_engine_stats' overlap_ratio (engine/stats.cc): 1 - exposed / comm, in [0, 1].
+  t.last_overlap = comm == 0 ? 1.0 : std::clamp(1.0 - static_cast<double>(exposed) / static_cast<double>(comm), 0.0, 1.0);
+  return t;
 }
 
 // Every kWindow collectives: the peer late most often, named at INFO when it was late in half of

@@ -44,6 +44,10 @@ class Stats {
   void record(transport::CollKind kind, uint64_t bytes, uint64_t ns, const char* algorithm, int last_peer,
               uint64_t last_wait_ns);
   void error(comm_status_t code);
+  // A gradient engine created on this communicator, after each synced step: the step's
+  // time, the part of it the trainer blocked on communication (exposed), and the communication's
+  // own time (its partitions' start to done). The engine's mutex serialises the calls.
+  void engine_step(double step_us, double exposed_us, double comm_us);
 
   const CollStats& coll(size_t kind) const { return colls_[kind]; }
   uint64_t errors(size_t code) const { return errors_[code].load(std::memory_order_relaxed); }
@@ -54,6 +58,12 @@ class Stats {
   int straggler() const { return straggler_.load(std::memory_order_relaxed); }
   uint32_t straggler_count() const { return straggler_count_.load(std::memory_order_relaxed); }
   uint64_t straggler_wait_ns() const { return straggler_wait_ns_.load(std::memory_order_relaxed); }
+  struct EngineTotals {
+    uint64_t steps = 0;
+    double step_s = 0, exposed_s = 0, comm_s = 0;   // summed over the synced steps
+    double last_exposed_s = 0, last_overlap = 1;    // the last one's
+  };
+  EngineTotals engine() const;
 
  private:
   void close_window();
@@ -72,6 +82,9 @@ class Stats {
   std::atomic<int> straggler_{-1};
   std::atomic<uint32_t> straggler_count_{0};
   std::atomic<uint64_t> straggler_wait_ns_{0};
+  // The engine's steps, in nanoseconds (atomics: a scrape reads them from another thread).
+  std::atomic<uint64_t> engine_steps_{0}, engine_step_ns_{0}, engine_exposed_ns_{0}, engine_comm_ns_{0},
+      engine_last_exposed_ns_{0}, engine_last_comm_ns_{0};
 };
 
 }  // namespace comm::observe
