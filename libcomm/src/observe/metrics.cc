@@ -113,7 +113,7 @@ void publish_endpoint(comm_t c, const std::string& target, const std::string& ho
   if (st.ok())
     st = c->job_store->set(std::string(kEndpointPrefix) + std::to_string(slot - 1),
                            std::to_string(c->rank) + " " + target + " " + hostname, Deadline::after_ms(5000));
-  c->job_store->release_idle();  // rank 0's store holds no connection per rank (docs/design.md, "Connections")
+  c->job_store->release_idle();  // rank 0's store holds no connection per rank (docs/design/transports.md, "Connections")
   if (!st.ok())
     COMM_WARN(kInit, "rank %d: the metrics endpoint %s is not in the job's store (%s); comm-top finds it through "
               "COMM_METRICS_FILE instead", c->rank, target.c_str(), st.message().c_str());
