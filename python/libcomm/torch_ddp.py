@@ -39,6 +39,7 @@ import torch
 
 from .communicator import Communicator
 from .engine import Engine
+from .fault_tolerance import FaultTolerance
 from .overlap_optimizer import _OverlappedOptimizer
 
 _execution_engine = torch.autograd.Variable._execution_engine
@@ -57,8 +58,14 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module, comm=None, *, bucket_cap_mb=25, first_bucket_mb=None,
                  gradient_as_bucket_view=False, find_unused_parameters=False,
                  static_graph=False, broadcast_buffers=True, wire_dtype=None, trace_file=None,
-                 engine_factory=Engine, overlap_forward=False, partition_mb=None):
+                 engine_factory=Engine, overlap_forward=False, partition_mb=None,
+                 fault_tolerant=False):
         super().__init__()
+        if fault_tolerant and overlap_forward:
+            raise ValueError("libcomm DDP: fault_tolerant=True cannot keep overlap_forward=True: its "
+                             "optimizer updates parameters during the next forward, before a failed "
+                             "step could be redone; use overlap_forward=False")
+        self._ft = None                       # fault_tolerance.FaultTolerance when fault_tolerant
         self.module = module
         self._owns_comm = comm is None
         self._user_comm = Communicator() if comm is None else comm
@@ -95,6 +102,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._overlapped = None               # the _OverlappedOptimizer, once made
         self._in_flight = False               # overlap_forward: this step's gradients still arriving
         self._comm_hook = None                # (state, hook) of register_comm_hook
+        self._reduce_hook = None              # the engine's side of it, kept for a rebuild
         self._hook_comm = None                # the hooks' own communicator
         self._stepped = False                 # a backward ran: too late for register_comm_hook
         self._joining = False                 # inside join(): each training forward says "active"
@@ -113,6 +121,8 @@ class DistributedDataParallel(torch.nn.Module):
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(self._make_hook(i))
             self._accumulators.append(acc)
+        if fault_tolerant:
+            self._ft = FaultTolerance(self)
 
     def _make_engine(self, reduce_hook=None):
         engine = self._engine_factory(self._user_comm, **self._engine_args)
@@ -168,6 +178,9 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if torch.is_grad_enabled():
             self._pending_sync = self.require_backward_grad_sync
+            if self._ft is not None:
+                self._ft.before_forward()
+                return self.module(*inputs, **kwargs)
             root = 0
             if self._joining:
                 # The counterpart of the joined ranks' in _shadow_until_all_joined: buffers come
@@ -178,6 +191,13 @@ class DistributedDataParallel(torch.nn.Module):
                     for b in self.module.buffers():
                         self._broadcast_tensor(b, root=root)
         return self.module(*inputs, **kwargs)
+
+    def _forward_collectives(self):
+        """fault_tolerant: what a training forward sends, also redone after a failure."""
+        if self.broadcast_buffers:
+            with torch.no_grad():
+                for b in self.module.buffers():
+                    self._broadcast_tensor(b)
 
     def _make_hook(self, i):
         p = self._params[i]
@@ -199,6 +219,10 @@ class DistributedDataParallel(torch.nn.Module):
                     p.grad = view
                 grad = view
             self._ready[i] = 1
+            if self._ft is not None:
+                self._ft.keep(i, grad)
+                self._ft.guard(self.engine.grad_ready, i, grad.data_ptr() if grad.numel() else None)
+                return
             self.engine.grad_ready(i, grad.data_ptr() if grad.numel() else None)
         return hook
 
@@ -210,7 +234,10 @@ class DistributedDataParallel(torch.nn.Module):
         self._pending_sync = None
         self._step_sync = sync
         self._ready[:] = 0
-        self.engine.begin(sync)
+        if self._ft is not None:
+            self._ft.begin_backward(sync)
+        else:
+            self.engine.begin(sync)
         self._stepped = True
         self._in_backward = True
         _execution_engine.queue_callback(self._end_backward)
@@ -220,7 +247,11 @@ class DistributedDataParallel(torch.nn.Module):
         created = []
         if self._step_sync and self.find_unused_parameters:
             created = self._report_unused()
-        self.engine.end()
+        if self._ft is not None:
+            self._ft.guard(self.engine.end)
+            self._ft.end_backward(self._step_sync)
+        else:
+            self.engine.end()
         if self.overlap_forward and self._step_sync:
             if self._overlapped is None:
                 # No overlapped optimizer: the caller reads gradients after backward, as usual.
@@ -255,9 +286,17 @@ class DistributedDataParallel(torch.nn.Module):
             elif p.grad is None:
                 p.grad = torch.zeros_like(p)
                 created.append(i)
-            self.engine.grad_ready(i, p.grad.data_ptr() if p.numel() else None)
+            if self._ft is not None:
+                self._ft.keep(i, p.grad)
+                self._ft.guard(self.engine.grad_ready, i, p.grad.data_ptr() if p.numel() else None)
+            else:
+                self.engine.grad_ready(i, p.grad.data_ptr() if p.numel() else None)
         used = self._ready.copy()
-        self._comm.allreduce(used, op="max")
+        if self._ft is not None:
+            if self._ft.guard(self._comm.allreduce, used, None, "max") is None:
+                return created  # failed: the recovery redoes the used-map
+        else:
+            self._comm.allreduce(used, op="max")
         self.unused_parameters = [int(i) for i in np.flatnonzero(used == 0)]
         return created
 
@@ -302,6 +341,9 @@ class DistributedDataParallel(torch.nn.Module):
                 if enable:
                     if ddp.overlap_forward:
                         raise ValueError("libcomm DDP: join() does not work with overlap_forward=True")
+                    if ddp._ft is not None:
+                        raise ValueError("libcomm DDP: join() does not work with fault_tolerant=True "
+                                         "(a rank that ran out of batches cannot redo a step)")
                     ddp._joining = True
                 return ddp
 
@@ -369,15 +411,20 @@ class DistributedDataParallel(torch.nn.Module):
             raise RuntimeError("libcomm DDP: register_comm_hook must be called before the first backward")
         if not callable(hook):
             raise TypeError(f"libcomm DDP: register_comm_hook: the hook {hook!r} is not callable")
+        if self._ft is not None and state is not None:
+            raise ValueError("libcomm DDP: fault_tolerant=True takes comm hooks without state only "
+                             f"(state=None, as allreduce_hook and the compress hooks): a state such as "
+                             f"{type(state).__name__} (PowerSGD's error feedback and warm start) is per "
+                             "rank and already updated by a step that a failure makes the survivors redo")
         if not hasattr(self.engine, "set_reduce_hook"):
             raise NotImplementedError(f"libcomm DDP: the engine {type(self.engine).__name__} has no reduce hooks")
         # The engine takes its hook before finalize: a new engine replaces the one made at wrap
         # time (collective, as this call is on every rank). Views' values survive the swap.
         self._hook_comm = self._user_comm.dup()
-        params, comm = self._params, self._hook_comm
+        params, ddp = self._params, self
 
         def reduce(args):
-            bucket = GradBucket(args, params, comm)
+            bucket = GradBucket(args, params, ddp._hook_comm)  # rebuilt after a shrink
             out = hook(state, bucket)
             if isinstance(out, torch.futures.Future):
                 out = out.wait()
@@ -400,7 +447,41 @@ class DistributedDataParallel(torch.nn.Module):
         self.engine = None
         old.destroy()
         self._make_engine(reduce)
+        self._reduce_hook = reduce
         self._comm_hook = (state, hook)
+
+    # ---- fault_tolerant=True (fault_tolerance.py) ----
+    def should_commit(self):
+        """After each synced backward: True once this step's gradients, averaged over the ranks that
+        are still members, are in every p.grad alike (a failed step is redone on the survivors
+        first); then call optimizer.step(). Raises FaultToleranceError when this rank must exit."""
+        if self._ft is None:
+            raise ValueError("libcomm DDP: should_commit() needs DistributedDataParallel(..., fault_tolerant=True)")
+        return self._ft.should_commit()
+
+    def step(self, optimizer, scheduler=None):
+        """should_commit(), then optimizer.step() and scheduler.step() (when given)."""
+        committed = self.should_commit()
+        if committed:
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+        return committed
+
+    @property
+    def comm(self):
+        """The communicator of the members now (after a shrink, the shrunk one: the one passed in
+        was destroyed)."""
+        return self._user_comm
+
+    @property
+    def committed_steps(self):
+        return None if self._ft is None else self._ft.step
+
+    @property
+    def recoveries(self):
+        """fault_tolerant: one dict per recovery (step, failed ranks, size, seconds, outcome)."""
+        return [] if self._ft is None else list(self._ft.recoveries)
 
     def overlap_optimizer(self, optimizer):
         """The optimizer, deferred per module (overlap_forward=True): see the module docstring."""
