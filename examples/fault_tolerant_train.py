@@ -52,6 +52,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=0)
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds of sleep per step (a slower job to kill)")
+    ap.add_argument("--init-method", default=None, help="e.g. file:///DIR: a job store that outlives rank 0 "
+                    "(with env://, the default, rank 0's process serves it and the survivors of its death cannot agree)")
     ap.add_argument("--kill-rank", type=int, default=-1)
     ap.add_argument("--kill-step", type=int, default=-1)
     args = ap.parse_args(argv)
@@ -63,7 +65,7 @@ def main(argv=None):
     from engine_bench_mlp import mlp
 
     torch.set_num_threads(1)
-    comm = libcomm.Communicator()
+    comm = libcomm.Communicator(init_method=args.init_method)
     me = comm.rank  # the rank at start names this process in every line
     torch.manual_seed(args.seed)
     model = mlp(args.width, args.depth, args.width, 16)
