@@ -171,6 +171,17 @@ COMM_API comm_status_t comm_agree_failed(comm_t c, int* failed, int capacity, in
   });
 }
 
+COMM_API comm_status_t comm_grow(comm_t c, int n_join, comm_t* out) {
+  return comm::guarded("comm_grow", [&]() -> Status {
+    if (c == nullptr || out == nullptr) return comm::InvalidArgument("comm_grow: NULL communicator or output pointer");
+    *out = nullptr;
+    if (n_join <= 0 && n_join != COMM_GROW_WAITING)
+      return comm::InvalidArgument("comm_grow: n_join " + std::to_string(n_join) + " must be positive (that many "
+                                   "joiners), or COMM_GROW_WAITING (the joiners waiting now)");
+    return comm::Unavailable("comm_grow: not implemented yet");
+  });
+}
+
 COMM_API comm_status_t comm_abort(comm_t c) {
   return comm::guarded("comm_abort", [&]() -> Status {
     if (c == nullptr) return comm::InvalidArgument("comm_abort: NULL communicator");

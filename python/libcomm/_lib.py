@@ -91,6 +91,7 @@ _PROTOTYPES = {
     "comm_split": [c_comm, _int, _int, ctypes.POINTER(c_comm)],
     "comm_shrink": [c_comm, ctypes.POINTER(_int), _int, ctypes.POINTER(c_comm)],
     "comm_agree_failed": [c_comm, ctypes.POINTER(_int), _int, ctypes.POINTER(_int)],
+    "comm_grow": [c_comm, _int, ctypes.POINTER(c_comm)],
     "comm_abort": [c_comm],
     "comm_destroy": [c_comm],
     "comm_rank": [c_comm, ctypes.POINTER(_int)],
@@ -125,8 +126,8 @@ _PROTOTYPES = {
 }
 
 
-# Since ABI 1.6, 1.7 and 1.8: bound when the library has them (an older one still loads; calling them raises).
-_NEWER = {"comm_barrier_monitored", "comm_recv_any", "comm_irecv_any", "comm_agree_failed"}
+# Since ABI 1.6 to 1.9: bound when the library has them (an older one still loads; calling them raises).
+_NEWER = {"comm_barrier_monitored", "comm_recv_any", "comm_irecv_any", "comm_agree_failed", "comm_grow"}
 
 
 def _bind(lib):

@@ -180,6 +180,17 @@ class Communicator:
               f"comm_shrink (rank {self.rank})")
         return Communicator(_handle=out.value)
 
+    def grow(self, n_join=None):
+        """ncclCommGrow: every member calls it; the members keep their ranks 0..size-1 and the
+        joiners (processes started with the job's environment plus COMM_JOIN=1, whose
+        Communicator() waits for this call) take the next ranks. n_join=None: admit the joiners
+        waiting now (cheap enough to call every step), returning None when nobody waits; n_join=N:
+        wait (up to the timeout) for exactly N. Returns the new Communicator; this one stays usable."""
+        out = ctypes.c_void_p()
+        check(lib.comm_grow(self._live(), -1 if n_join is None else int(n_join),  # COMM_GROW_WAITING
+                            ctypes.byref(out)), f"comm_grow (rank {self.rank})")
+        return Communicator(_handle=out.value) if out.value else None
+
     def abort(self):
         """Local, non-blocking, idempotent, any thread; every pending and later call raises."""
         handle = self._handle

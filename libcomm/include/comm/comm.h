@@ -23,11 +23,12 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 8 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+#define COMM_ABI_VERSION_MINOR 9 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
                                     comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2;
                                     4: comm_shrink; 5: comm_engine_test; 6: comm_barrier_monitored;
                                     7: COMM_ANY_SOURCE, comm_recv_any, comm_irecv_any;
-                                    8: comm_agree_failed, COMM_SHRINK_AGREE */
+                                    8: comm_agree_failed, COMM_SHRINK_AGREE;
+                                    9: comm_grow, COMM_GROW_WAITING, joining with COMM_JOIN=1 */
 
 typedef enum {
   COMM_OK = 0,
@@ -136,6 +137,22 @@ COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity,
 /* comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &new_comm): the failed ranks left to the library
  * (comm_agree_failed, then comm_shrink with its set). Since ABI 1.8. */
 #define COMM_SHRINK_AGREE (-1)
+/* Since ABI 1.9 (NCCL 2.29's ncclCommGrow): collective over every member of comm (a healthy
+ * communicator, e.g. one comm_shrink made). The members and joiners make *new_comm: the members
+ * keep their order as ranks 0..size-1, the joiners take ranks size.. in the order they
+ * registered. comm stays usable (as after comm_dup). n_join > 0: admit exactly that many
+ * joiners, waiting for them up to comm's timeout (COMM_ERR_TIMEOUT, nothing changes, when fewer
+ * came). n_join == COMM_GROW_WAITING: admit the joiners waiting now, as the lowest member finds
+ * them (the same set on every member); none waiting: *new_comm = NULL and COMM_OK (cheap: one
+ * store read on the lowest member and a small broadcast; fine to call every step).
+ * A joiner is a process started with the job's environment plus COMM_JOIN=1: its comm_init (the
+ * rank and world size of its config and environment ignored) waits up to its timeout for the
+ * job's next comm_grow and returns the grown communicator. Joiners find the job through its store,
+ * which must outlive world rank 0: file://, or an external TCP store (COMM_STORE_EXTERNAL=1 or
+ * TORCHELASTIC_USE_AGENT_STORE=True; comm-run --replace-failed serves one); COMM_ERR_UNAVAILABLE,
+ * naming these, when it died with rank 0. docs/design.md, "Growing a communicator". */
+COMM_API comm_status_t comm_grow(comm_t comm, int n_join, comm_t* new_comm);
+#define COMM_GROW_WAITING (-1)
 /* Local, non-blocking, idempotent, any thread: every pending and future call on comm
  * ends with COMM_ERR_ABORTED. Frees nothing; call comm_destroy afterwards. */
 COMM_API comm_status_t comm_abort(comm_t comm);
