@@ -13,7 +13,7 @@ step it broke and go on; every rank ends with
 
     [R] final step N params <sha256 of the parameters>
 
-R being its rank at start (RANK), N the committed steps: equal on every survivor, as is the hash.
+R being its rank at the end, N the committed steps: equal on every survivor, as is the hash.
 With --log-every K each rank also prints `[R] step S loss L` every K steps, and
 `# [R] recovered at step S: ...` after each recovery. --kill-rank R --kill-step S makes rank R
 SIGKILL itself at the start of step S (for a quick look without a test driver).
@@ -41,6 +41,20 @@ def params_sha256(model):
     for p in model.parameters():
         h.update(p.detach().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+class Sampler:
+    """The data's position (a joiner continues from it): batches are a function of (seed,
+    position, rank at start), so a redone step sees the same batch."""
+
+    def __init__(self):
+        self.position = 0
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
 
 
 def main(argv=None):
@@ -72,20 +86,27 @@ def main(argv=None):
     opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, args.steps // 3), gamma=0.5)
     ddp = DistributedDataParallel(model, comm, fault_tolerant=True)
+    sampler = Sampler()
+    # A replacement started with COMM_JOIN=1 receives all this here (and the step, the
+    # parameters, the RNG states); the members send it when they admit it, at a step boundary.
+    ddp.register_state(optimizer=opt, scheduler=sched, sampler=sampler)
+    if os.environ.get("COMM_JOIN") == "1":
+        say(f"# [{me}] joined at step {ddp.committed_steps}, {ddp.comm.size} ranks")
     seen = 0
     try:
         while ddp.committed_steps < args.steps:
-            step = ddp.committed_steps
+            step = sampler.position
             if step == args.kill_step and me == args.kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
             # The batch is a function of (seed, step, rank at start): a redone step uses the same.
-            g = torch.Generator().manual_seed(args.seed * 1000003 + step * 1009 + me)
+            g = torch.Generator().manual_seed(args.seed * 1000003 + sampler.position * 1009 + me)
             x = torch.randn(args.batch, args.width, generator=g)
             y = torch.randn(args.batch, 16, generator=g)
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             loss.backward()  # a failed all-reduce is recorded here, not raised
             ddp.step(opt, sched)  # the commit vote; after a failure, agree, shrink, redo
+            sampler.position += 1
             for r in ddp.recoveries[seen:]:
                 say(f"# [{me}] recovered at step {r['step']}: failed {r['failed']} in the {r['phase']}, "
                     f"now {r.get('size')} ranks, {r.get('seconds', 0):.3f} s, {r.get('outcome')}")
@@ -97,7 +118,7 @@ def main(argv=None):
     except FaultToleranceError as e:
         say(f"# [{me}] stops: {str(e).splitlines()[0]}")
         return 3
-    say(f"[{me}] final step {ddp.committed_steps} params {params_sha256(model)}")
+    say(f"[{ddp.comm.rank}] final step {ddp.committed_steps} params {params_sha256(model)}")
     ddp.close()
     return 0
 

@@ -31,11 +31,12 @@ updated by the failed attempt).
 """
 
 import time
+import warnings
 
 import numpy as np
 import torch
 
-from . import errors
+from . import errors, ft_state
 
 F, R, V = 0, 1, 2  # the phase of a step a failure happened in
 PHASE = {F: "forward", R: "gradient all-reduce", V: "commit vote"}
@@ -65,6 +66,11 @@ class FaultTolerance:
         self.kept = [None] * len(ddp._params)  # this step's local gradients, until the commit
         self.steps_redone = 0
         self.recoveries = []       # one dict per recovery: step, failed, size, seconds, outcome
+        self.joins = []            # one dict per grow that admitted ranks: step, size, seconds
+        self.registered = {}       # name -> object with state_dict() (register_state)
+        self.can_grow = True       # False once comm_grow said it cannot work here
+        self.joining = False       # this process joined (COMM_JOIN=1): state still to receive
+        self.skip_grow = False     # a joiner's first boundary: the members' grow admitted it
 
     # ---- the normal step: collectives guarded, local gradients kept ----
     def guard(self, fn, *args):
@@ -96,8 +102,10 @@ class FaultTolerance:
             raise RuntimeError(self._where() + "a synced backward ran and this step was not "
                                "committed: call ddp.should_commit() (then optimizer.step()) or "
                                "ddp.step(optimizer) after each synced backward")
+        if self.joining:
+            self.receive_state()
         self.phase = F
-        self.guard(self.ddp._forward_collectives)
+        self.guard(self.forward_collectives)
 
     def begin_backward(self, sync):
         if self.pending_vote:
@@ -190,9 +198,9 @@ class FaultTolerance:
         ddp._user_comm, ddp._owns_comm = new, True
         return failed
 
-    def _teardown(self):
-        """The engine and the wrapper's duplicates of the failed communicator go; the gradients
-        stay (bucket views are copied out first)."""
+    def _teardown(self, abort=True):
+        """The engine and the wrapper's duplicates of the communicator go (abort: it failed);
+        the gradients stay (bucket views are copied out first)."""
         ddp = self.ddp
         if ddp.gradient_as_bucket_view:
             for i, p in enumerate(ddp._params):
@@ -200,7 +208,7 @@ class FaultTolerance:
                     p.grad = p.grad.detach().clone()
             ddp._views = [None] * len(ddp._params)
         engine, ddp.engine = ddp.engine, None
-        for comm in (ddp._comm, ddp._hook_comm):
+        for comm in (ddp._comm, ddp._hook_comm) if abort else ():
             if comm is not None:
                 try:
                     comm.abort()  # so its destroy does not wait for peers that are gone
@@ -244,7 +252,7 @@ class FaultTolerance:
         at_front = table[steps == ahead]
         if (steps < ahead).any() or (at_front[:, 1] == F).any():
             self.phase = F
-            ddp._forward_collectives()
+            self.forward_collectives()
         self._redo_reduction()
         self.phase = V
         vote = np.array([self.step, -self.step], np.int32)
@@ -278,6 +286,96 @@ class FaultTolerance:
             ddp._refresh_views()
         self.reduced_ok = True
         self.steps_redone += 1
+
+    # ---- joining (comm_grow) ----
+    def forward_collectives(self):
+        """Phase F: the step boundary, where the ranks waiting to join are admitted, then the
+        buffer broadcast. Also redone in a recovery, so that it pairs with the survivors behind."""
+        if self.skip_grow:
+            self.skip_grow = False
+        elif self.can_grow:
+            self._grow()
+        self.ddp._forward_collectives()
+
+    def _grow(self):
+        ddp = self.ddp
+        try:
+            new = ddp._user_comm.grow(None)  # COMM_GROW_WAITING: the same answer on every member
+        except errors.UnavailableError as e:
+            self.can_grow = False
+            warnings.warn(self._where() + f"no rank can join this job (comm_grow: {e}); it goes on "
+                          "with the ranks it has", RuntimeWarning)
+            return
+        if new is None:
+            return
+        start = time.monotonic()
+        self._teardown(abort=False)
+        old, ddp._user_comm, ddp._owns_comm = ddp._user_comm, new, True
+        try:
+            old.destroy()
+        except errors.CommError:
+            pass
+        self._as_at_wrap()
+        self._exchange_state()
+        self.joins.append({"step": self.step, "size": new.size, "seconds": time.monotonic() - start})
+
+    def _as_at_wrap(self):
+        """The collectives a joiner's DistributedDataParallel(...) and register_comm_hook make."""
+        ddp = self.ddp
+        ddp._comm = ddp._user_comm.dup()
+        ddp._broadcast_state()
+        ddp._make_engine(None)
+        if ddp._comm_hook is not None:
+            ddp._hook_comm = ddp._user_comm.dup()
+            if ddp.gradient_as_bucket_view:
+                for p in ddp._params:
+                    if p.grad is not None:
+                        p.grad = p.grad.detach().clone()
+                ddp._views = [None] * len(ddp._params)
+            engine, ddp.engine = ddp.engine, None
+            engine.destroy()
+            ddp._make_engine(ddp._reduce_hook)
+
+    def register(self, objects):
+        for name, obj in objects.items():
+            if obj is not None:
+                ft_state._state_of(obj)  # refuses what has no state now, not at the first join
+                self.registered[name] = obj
+        if self.joining:
+            self.receive_state()
+
+    def receive_state(self):
+        """A joiner's side of _grow, after its wrap (and register_comm_hook): the shared state."""
+        self.joining = False
+        self.skip_grow = True
+        try:
+            self._exchange_state()
+        except errors.CommError as e:
+            raise FaultToleranceError(self._where() + f"joining failed while receiving the state: {e}") from e
+
+    def _exchange_state(self):
+        """Rank 0's step, registered state and RNG states to every rank (a joiner takes them),
+        then every rank's sha256 of the shared part: a rank that differs from rank 0 is repaired
+        from it once; one that still differs stops every rank (FaultToleranceError)."""
+        comm = self.ddp._comm
+        joined = self.skip_grow  # set by receive_state on the joiner
+        raw = ft_state.broadcast_blob(comm, ft_state.pack(self.step, self.registered) if comm.rank == 0 else None)
+        if joined:
+            self.step = ft_state.unpack(raw, self.registered, self._where())
+        for attempt in (0, 1):
+            mine, parts = ft_state.digest(self.ddp, self.step, self.registered)
+            table = ft_state.gather_digests(comm, mine)
+            differ = [r for r in range(comm.size) if not np.array_equal(table[r], table[0])]
+            if not differ:
+                return
+            if attempt == 1:
+                raise FaultToleranceError(
+                    self._where() + f"ranks {differ} hold other parameters or state than rank 0 even "
+                    f"after taking rank 0's (this rank's parts: {parts}): do all ranks register_state() "
+                    "the same objects, with the same model and optimizer?")
+            self.ddp._broadcast_state()  # the repair: everything from rank 0 again
+            if comm.rank in differ and comm.rank != 0:
+                self.step = ft_state.unpack(raw, self.registered, self._where())
 
     def _where(self):
         comm = self.ddp._user_comm

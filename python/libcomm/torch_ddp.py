@@ -33,6 +33,7 @@ What it does, as torch's own DDP does it:
 """
 
 import ctypes
+import os
 
 import numpy as np
 import torch
@@ -123,6 +124,10 @@ class DistributedDataParallel(torch.nn.Module):
             self._accumulators.append(acc)
         if fault_tolerant:
             self._ft = FaultTolerance(self)
+            # A replacement (COMM_JOIN=1): comm is the grown communicator, and the wrap above
+            # paired with the members' (fault_tolerance.py, _as_at_wrap); the rest of the state
+            # comes at register_state() or the first forward.
+            self._ft.joining = os.environ.get("COMM_JOIN") == "1"
 
     def _make_engine(self, reduce_hook=None):
         engine = self._engine_factory(self._user_comm, **self._engine_args)
@@ -467,6 +472,15 @@ class DistributedDataParallel(torch.nn.Module):
             if scheduler is not None:
                 scheduler.step()
         return committed
+
+    def register_state(self, optimizer=None, scheduler=None, sampler=None, **more):
+        """fault_tolerant: what a joining rank receives beside the parameters and buffers (each
+        an object with state_dict()/load_state_dict(), or a sampler with an epoch), and what every
+        rank hashes after a join. Every rank calls it with the same names, after the wrap (and
+        register_comm_hook); on a joiner it receives the state at once."""
+        if self._ft is None:
+            raise ValueError("libcomm DDP: register_state() needs DistributedDataParallel(..., fault_tolerant=True)")
+        self._ft.register(dict(optimizer=optimizer, scheduler=scheduler, sampler=sampler, **more))
 
     @property
     def comm(self):
