@@ -66,6 +66,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=0)
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds of sleep per step (a slower job to kill)")
+    ap.add_argument("--until-size", type=int, default=0,
+                    help="after --steps, go on until the job has this many ranks again (a replacement joined)")
+    ap.add_argument("--max-steps", type=int, default=2000, help="with --until-size: stop there anyway")
     ap.add_argument("--init-method", default=None, help="e.g. file:///DIR: a job store that outlives rank 0 "
                     "(with env://, the default, rank 0's process serves it and the survivors of its death cannot agree)")
     ap.add_argument("--kill-rank", type=int, default=-1)
@@ -94,7 +97,11 @@ def main(argv=None):
         say(f"# [{me}] joined at step {ddp.committed_steps}, {ddp.comm.size} ranks")
     seen = 0
     try:
-        while ddp.committed_steps < args.steps:
+        def more():  # the same answer on every member: steps and size are theirs alike
+            if ddp.committed_steps < args.steps:
+                return True
+            return ddp.comm.size < args.until_size and ddp.committed_steps < args.max_steps
+        while more():
             step = sampler.position
             if step == args.kill_step and me == args.kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
