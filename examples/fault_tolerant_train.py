@@ -103,6 +103,7 @@ def main(argv=None):
             return ddp.comm.size < args.until_size and ddp.committed_steps < args.max_steps
         while more():
             step = sampler.position
+            t0 = time.monotonic()
             if step == args.kill_step and me == args.kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
             # The batch is a function of (seed, step, rank at start): a redone step uses the same.
@@ -116,10 +117,11 @@ def main(argv=None):
             sampler.position += 1
             for r in ddp.recoveries[seen:]:
                 say(f"# [{me}] recovered at step {r['step']}: failed {r['failed']} in the {r['phase']}, "
-                    f"now {r.get('size')} ranks, {r.get('seconds', 0):.3f} s, {r.get('outcome')}")
+                    f"now {r.get('size')} ranks, step took {time.monotonic() - t0:.3f} s, recovery "
+                    f"{r.get('seconds', 0):.3f} s, {r.get('outcome')}")
             seen = len(ddp.recoveries)
             if args.log_every and step % args.log_every == 0:
-                say(f"[{me}] step {step} loss {loss.item():.6f} size {ddp.comm.size}")
+                say(f"[{me}] step {step} loss {loss.item():.6f} size {ddp.comm.size} took {time.monotonic() - t0:.3f}")
             if args.step_sleep:
                 time.sleep(args.step_sleep)
     except FaultToleranceError as e:

@@ -71,6 +71,17 @@ class FaultTolerance:
         self.can_grow = True       # False once comm_grow said it cannot work here
         self.joining = False       # this process joined (COMM_JOIN=1): state still to receive
         self.skip_grow = False     # a joiner's first boundary: the members' grow admitted it
+        self.connect_all()
+
+    def connect_all(self):
+        """The agreement runs on the wrapper's base communicator, which carries no data, and a
+        rank learns a SIGKILLed peer's death fastest from its own connection to it closing
+        (docs/design.md, "Agreeing on the failed ranks"); the socket transport connects a pair on
+        first use (transports/socket/mesh.h), so one tiny all-to-all connects every pair now.
+        Without it the decider waits COMM_TIMEOUT_MS for a dead rank on another host."""
+        comm = self.ddp._user_comm
+        if comm.size > 1:
+            comm.alltoall(np.zeros(comm.size, np.int32))
 
     # ---- the normal step: collectives guarded, local gradients kept ----
     def guard(self, fn, *args):
@@ -232,6 +243,7 @@ class FaultTolerance:
         ddp = self.ddp
         mine = np.array([self.step, self.failed_phase, int(self.reduced_ok)], np.int32)
         table = ddp._user_comm.allgather(mine).reshape(-1, 3)
+        self.connect_all()
         ddp._comm = ddp._user_comm.dup()
         if ddp._comm_hook is not None:
             ddp._hook_comm = ddp._user_comm.dup()
@@ -325,6 +337,7 @@ class FaultTolerance:
         ddp._comm = ddp._user_comm.dup()
         ddp._broadcast_state()
         ddp._make_engine(None)
+        self.connect_all()  # where the joiner's FaultTolerance() does it
         if ddp._comm_hook is not None:
             ddp._hook_comm = ddp._user_comm.dup()
             if ddp.gradient_as_bucket_view:
