@@ -71,6 +71,7 @@ class FaultTolerance:
         self.can_grow = True       # False once comm_grow said it cannot work here
         self.joining = False       # this process joined (COMM_JOIN=1): state still to receive
         self.skip_grow = False     # a joiner's first boundary: the members' grow admitted it
+        self.at_boundary = True    # no forward since the last commit (no_sync ones included)
         self.connect_all()
 
     def connect_all(self):
@@ -116,7 +117,8 @@ class FaultTolerance:
         if self.joining:
             self.receive_state()
         self.phase = F
-        self.guard(self.forward_collectives)
+        at_boundary, self.at_boundary = self.at_boundary, False
+        self.guard(self.forward_collectives, at_boundary)
 
     def begin_backward(self, sync):
         if self.pending_vote:
@@ -158,6 +160,7 @@ class FaultTolerance:
         self.pending_vote = False
         self.failure = self.failed_phase = None
         self.phase = F
+        self.at_boundary = True
         return True
 
     # ---- recovery ----
@@ -300,12 +303,13 @@ class FaultTolerance:
         self.steps_redone += 1
 
     # ---- joining (comm_grow) ----
-    def forward_collectives(self):
-        """Phase F: the step boundary, where the ranks waiting to join are admitted, then the
-        buffer broadcast. Also redone in a recovery, so that it pairs with the survivors behind."""
+    def forward_collectives(self, at_boundary=True):
+        """Phase F: at the step boundary (the first forward after a commit) the ranks waiting to
+        join are admitted, then the buffer broadcast. Also redone in a recovery (at_boundary: the
+        survivors behind, who just committed, run it at theirs)."""
         if self.skip_grow:
             self.skip_grow = False
-        elif self.can_grow:
+        elif self.can_grow and at_boundary:
             self._grow()
         self.ddp._forward_collectives()
 

@@ -269,7 +269,7 @@ class DistributedDataParallel(torch.nn.Module):
                 for i in created:
                     if i in self.unused_parameters:
                         self._params[i].grad = None  # unused everywhere: as torch's DDP leaves it
-            if self.gradient_as_bucket_view and self.static_graph:
+            if self.gradient_as_bucket_view and self.static_graph and (self._ft is None or self._ft.failure is None):
                 self._refresh_views()
 
     def _report_unused(self):

@@ -3,8 +3,11 @@
 FT_VOTE_FAIL=R:S: on the rank that starts as R, step S's commit vote completes and then raises
 RemoteError, as a failure's report can fail on one rank an operation the others completed
 (docs/design.md, "Which calls a failure fails"): the others commit step S and go on, this rank
-must commit it too, not redo it. FT_REFUSE=1: the refusals of fault_tolerant=True instead."""
+must commit it too, not redo it. FT_DDP_KW='{"gradient_as_bucket_view": true, ...}': the wrapper's
+options; FT_HOOK=allreduce: with libcomm.comm_hooks.allreduce_hook registered. FT_REFUSE=1: the
+refusals of fault_tolerant=True instead."""
 
+import json
 import os
 import sys
 
@@ -79,5 +82,15 @@ if __name__ == "__main__":
     if os.environ.get("FT_VOTE_FAIL"):
         r, s = os.environ["FT_VOTE_FAIL"].split(":")
         fail_vote(int(r), int(s))
+    if os.environ.get("FT_DDP_KW") or os.environ.get("FT_HOOK"):
+        from libcomm import comm_hooks, torch_ddp
+        plain, kw = torch_ddp.DistributedDataParallel, json.loads(os.environ.get("FT_DDP_KW") or "{}")
+
+        def wrap(*args, **kwargs):
+            ddp = plain(*args, **dict(kwargs, **kw))
+            if os.environ.get("FT_HOOK") == "allreduce":
+                ddp.register_comm_hook(None, comm_hooks.allreduce_hook)
+            return ddp
+        torch_ddp.DistributedDataParallel = wrap
     import fault_tolerant_train
     sys.exit(fault_tolerant_train.main())

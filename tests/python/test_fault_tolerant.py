@@ -8,6 +8,10 @@ it, wherever it is. Every survivor must
 end with `final step STEPS params H`, the same H on all, and report one recovery that names the
 victim. Where the victim died (forward, all-reduce, vote, between steps) is the scheduler's choice.
 
+kill-options TRANSPORT N: kill, with gradient_as_bucket_view, static_graph and
+find_unused_parameters, and the allreduce_hook comm hook (the engine and the hook's communicator are
+rebuilt on the shrunk communicator).
+
 vote: 4 ranks over shared memory; rank 1's commit vote of step 5 completes and then reports a
 failure (ft_rank.py's FT_VOTE_FAIL, as a report can fail one rank's operation that others
 completed), and rank 2 dies at the start of step 6. Ranks 0 and 3 committed step 5 and fail in
@@ -24,8 +28,9 @@ an uncommitted step are refused with fault_tolerant=True (ft_rank.py's FT_REFUSE
 
 FT_VICTIM=R picks the victim of kill (else a random rank, 0 included).
 
-usage: test_fault_tolerant.py kill auto|socket N | vote | join auto|socket | refuse"""
+usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | join auto|socket | refuse"""
 
+import json
 import os
 import random
 import re
@@ -122,12 +127,12 @@ def check(codes, lines, survivors, steps, victim, outcome=None, joiner=None):
     print(f"ok: ranks {survivors} committed {steps} steps, equal parameters {next(iter(finals.values()))[1][:16]}")
 
 
-def kill_test(transport, n):
+def kill_test(transport, n, extra_env=None):
     steps = 40
     victim = int(os.environ.get("FT_VICTIM", random.Random().randint(0, n - 1)))
     after = random.Random().randint(3, 12)  # the victim dies after printing this step
     print(f"# {n} ranks over {transport}: rank {victim} is SIGKILLed after its step {after}")
-    procs = start(n, transport, ["--steps", str(steps), "--log-every", "1", "--step-sleep", "0.02"])
+    procs = start(n, transport, ["--steps", str(steps), "--log-every", "1", "--step-sleep", "0.02"], extra_env)
     killed = []
 
     def on_line(r, line):
@@ -198,6 +203,9 @@ def main():
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what == "kill":
         kill_test(sys.argv[2], int(sys.argv[3]))
+    elif what == "kill-options":
+        kill_test(sys.argv[2], int(sys.argv[3]), {"FT_HOOK": "allreduce", "FT_DDP_KW": json.dumps(
+            {"gradient_as_bucket_view": True, "static_graph": True, "find_unused_parameters": True})})
     elif what == "vote":
         vote_test()
     elif what == "join":
