@@ -34,7 +34,7 @@ PY = "/usr/bin/python3"
 FINAL = re.compile(r"^\[(\d+)\] final step (\d+) params ([0-9a-f]{64})$")
 STEP = re.compile(r"^\[(\d+)\] step (\d+) .* took ([0-9.]+)$")
 RECOVERED = re.compile(r"^# \[(\d+)\] recovered at step (\d+): failed \[([0-9, ]*)\] in the (.*), now (\d+) "
-                       r"ranks, step took ([0-9.]+) s, recovery ([0-9.]+) s, (.*)$")
+                       r"ranks, step took ([0-9.]+) s, recovery ([0-9.]+) s \(([^)]*)\), (.*)$")
 
 
 def rank_wrapper(rundir, rest):
@@ -138,21 +138,28 @@ def summarize(args, index, rundir, n, events, gone, hung, wall):
                 took.append(float(m.group(3)))
             m = RECOVERED.match(line)
             if m:
-                recs.append((r, int(m.group(2)), m.group(3), float(m.group(6)), float(m.group(7)), m.group(8)))
+                parts = dict(zip(m.group(8).split()[::2], map(float, m.group(8).split()[1::2])))
+                recs.append((r, int(m.group(2)), m.group(3), float(m.group(6)), parts, m.group(9)))
     survivors = [r for r in range(n) if r not in gone]
     done = [finals.get(r, (0, ""))[0] for r in survivors]
     equal = len({finals.get(r, (0, "x"))[1] for r in survivors}) == 1 and all(r in finals for r in survivors)
     median = statistics.median(took) if took else 0.0
     redone = sorted({s for _, s, _, _, _, o in recs if o == "redone"})
-    lost = {}
-    for _, step, failed, step_s, _, _ in recs:
-        lost[(step, failed)] = max(lost.get((step, failed), 0.0), step_s - median)
-    kinds = {v: k for _, k, v in events}
+    # One recovery per event, in order (the failed ranks it names are ranks of the communicator
+    # of that moment, renumbered after each shrink): the slowest survivor's step and parts.
+    groups = {}
+    for _, step, failed, step_s, parts, _ in recs:
+        g = groups.setdefault((step, failed), {"lost": 0.0, "parts": {}})
+        g["lost"] = max(g["lost"], step_s - median)
+        for k, v in parts.items():
+            g["parts"][k] = max(g["parts"].get(k, 0.0), v)
     per_kind = {"SIGKILL": [], "SIGSTOP": []}
-    for (step, failed), t in lost.items():
-        ranks = [int(x) for x in failed.split(",") if x.strip()]
-        kind = "SIGSTOP" if any(kinds.get(r) == "SIGSTOP" for r in ranks) else "SIGKILL"
-        per_kind[kind].append(t)
+    breakdown = []
+    for i, key in enumerate(sorted(groups)):
+        kind = events[i][1] if i < len(events) else "SIGKILL"
+        per_kind[kind].append(groups[key]["lost"])
+        breakdown.append(kind[3:].lower() + " " + "/".join(f"{groups[key]['parts'].get(k, 0):.2f}"
+                                                           for k in ("agree", "teardown", "shrink", "redo")))
     stopped_ok = all(codes.get(v) == "3" for _, k, v in events if k == "SIGSTOP")
     row = {"run": index, "ranks": n, "events": events, "steps": f"{min(done) if done else 0}/{args.steps}",
            "survivors": len(survivors), "equal": equal, "redone": len(redone), "hung": hung,
@@ -161,7 +168,8 @@ def summarize(args, index, rundir, n, events, gone, hung, wall):
     fmt = lambda v: ",".join(f"{x:.2f}" for x in v) or "-"  # noqa: E731
     print(f"| {index} | {args.hosts}x{args.ranks_per_host} | {' '.join(f'{k[3:].lower()}@{t:.0f}s:r{v}' for t, k, v in events) or '-'} "
           f"| {row['steps']} | {len(survivors)} | {'yes' if equal else 'NO'} | {len(redone)} | {fmt(per_kind['SIGKILL'])} "
-          f"| {fmt(per_kind['SIGSTOP'])} | {'yes' if stopped_ok else 'NO'} | {'HUNG' if hung else 'no'} | {wall:.0f} |", flush=True)
+          f"| {fmt(per_kind['SIGSTOP'])} | {'; '.join(breakdown) or '-'} | {'yes' if stopped_ok else 'NO'} "
+          f"| {'HUNG' if hung else 'no'} | {wall:.0f} |", flush=True)
     return row
 
 
@@ -187,8 +195,9 @@ def main():
           f"COMM_TIMEOUT_MS={args.timeout_ms}, an event every ~{args.kill_every:.0f} s while >= 3 ranks are left "
           f"(one SIGSTOP, woken after 2 timeouts + 5 s); time lost = the recovering step minus the median step")
     print("| run | hosts x ranks | events (kind@s:rank) | steps | survivors | params bitwise equal | steps redone "
-          "| lost per SIGKILL (s) | lost per SIGSTOP (s) | stopped rank exits | hang | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| lost per SIGKILL (s) | lost per SIGSTOP (s) | agree/teardown/shrink/redo (s) | stopped rank exits "
+          "| hang | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     bad = 0
     for i in range(args.first, args.first + args.runs):
         row = one_run(args, i)

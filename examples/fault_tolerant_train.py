@@ -118,7 +118,8 @@ def main(argv=None):
             for r in ddp.recoveries[seen:]:
                 say(f"# [{me}] recovered at step {r['step']}: failed {r['failed']} in the {r['phase']}, "
                     f"now {r.get('size')} ranks, step took {time.monotonic() - t0:.3f} s, recovery "
-                    f"{r.get('seconds', 0):.3f} s, {r.get('outcome')}")
+                    f"{r.get('seconds', 0):.3f} s ({' '.join(f'{k} {v:.3f}' for k, v in r.get('parts', {}).items())}), "
+                    f"{r.get('outcome')}")
             seen = len(ddp.recoveries)
             if args.log_every and step % args.log_every == 0:
                 say(f"[{me}] step {step} loss {loss.item():.6f} size {ddp.comm.size} took {time.monotonic() - t0:.3f}")

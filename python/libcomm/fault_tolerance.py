@@ -170,7 +170,7 @@ class FaultTolerance:
                   "error": str(self.failure).splitlines()[0][:300]}
         self.recoveries.append(record)
         while True:
-            failed = self._agree_and_shrink()
+            failed = self._agree_and_shrink(record)
             record["failed"] += [f for f in failed if f not in record["failed"]]
             try:
                 return self._realign(record, start)
@@ -181,9 +181,18 @@ class FaultTolerance:
                 if self.failed_phase is None or self.phase < self.failed_phase:
                     self.failed_phase = self.phase
 
-    def _agree_and_shrink(self):
+    def _agree_and_shrink(self, record):
+        """Adds each part's seconds to record["parts"] (agree, teardown, shrink)."""
         ddp = self.ddp
         old = ddp._user_comm
+        parts = record.setdefault("parts", {})
+        t = time.monotonic()
+
+        def lap(name):
+            nonlocal t
+            now = time.monotonic()
+            parts[name] = parts.get(name, 0.0) + now - t
+            t = now
         try:
             failed = old.agree_failed()
         except errors.RemoteError as e:
@@ -198,7 +207,9 @@ class FaultTolerance:
                 f"or init_method file://). {e}") from e
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"agreeing on the failed ranks failed: {e}") from e
+        lap("agree")
         self._teardown()
+        lap("teardown")
         try:
             new = old.shrink(failed)
         except errors.CommError as e:
@@ -206,10 +217,12 @@ class FaultTolerance:
                 self._where() + f"shrinking without ranks {failed} failed (another rank failed "
                 f"during the shrink, or the survivors disagree): {e}") from e
         try:
+            old.abort()  # it failed: its destroy must not wait for goodbyes from the dead
             old.destroy()
         except errors.CommError:
             pass  # it can only be destroyed; a failed goodbye changes nothing
         ddp._user_comm, ddp._owns_comm = new, True
+        lap("shrink")
         return failed
 
     def _teardown(self, abort=True):
@@ -252,6 +265,7 @@ class FaultTolerance:
             ddp._hook_comm = ddp._user_comm.dup()
         ddp._make_engine(ddp._reduce_hook)
         record["size"] = ddp._user_comm.size
+        rebuilt = time.monotonic()
         steps = table[:, 0]
         ahead = int(steps.max())
         if ahead - int(steps.min()) > 1 or self.step < ahead - 1:
@@ -272,6 +286,7 @@ class FaultTolerance:
         self.phase = V
         vote = np.array([self.step, -self.step], np.int32)
         ddp._comm.allreduce(vote, op="min")
+        record["parts"]["redo"] = time.monotonic() - rebuilt
         record.update(seconds=time.monotonic() - start, outcome="redone")
         return self._commit()
 
