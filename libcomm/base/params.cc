@@ -109,6 +109,14 @@ const std::vector<Param>& all() {
        "how long a TCP handshake to one of a peer's addresses may go unanswered before the next address is "
        "the only hope (a firewall that drops packets); bounds the handshake only, never a busy peer's reply",
        nullptr, 100, 600000},
+      {"COMM_JOIN", Type::kInt, "0",
+       "1: this process joins a running job: its comm_init waits for the job's next comm_grow and returns the "
+       "grown communicator (its rank and world size are ignored)",
+       nullptr, 0, 1},
+      {"COMM_STORE_EXTERNAL", Type::kInt, "0",
+       "1: the env:// store at MASTER_ADDR:MASTER_PORT is served outside the ranks (comm-run --replace-failed); "
+       "rank 0 connects as a client, and the store outlives it (joiners can find the job)",
+       nullptr, 0, 1},
       {"COMM_HOST_ID", Type::kString, "", "ranks with the same value are on the same host", nullptr},
       {"COMM_ALGO", Type::kString, "",
        "force an algorithm, e.g. ring or recursive_doubling (falls back when it cannot run)", nullptr},
@@ -206,6 +214,9 @@ const std::vector<Param>& all() {
       {"LOCAL_RANK", Type::kString, "", "torchrun: rank on this host", nullptr},
       {"LOCAL_WORLD_SIZE", Type::kString, "", "torchrun: ranks on this host", nullptr},
       {"TORCHELASTIC_RUN_ID", Type::kString, "", "torchrun: job id (default port)", nullptr},
+      {"TORCHELASTIC_USE_AGENT_STORE", Type::kString, "",
+       "torchrun: True when its agent serves the store at MASTER_ADDR:MASTER_PORT (libcomm then connects rank 0 "
+       "as a client)", nullptr},
       {"OMPI_COMM_WORLD_RANK", Type::kString, "", "Open MPI: this rank", nullptr},
       {"OMPI_COMM_WORLD_SIZE", Type::kString, "", "Open MPI: number of ranks", nullptr},
       {"OMPI_COMM_WORLD_LOCAL_RANK", Type::kString, "", "Open MPI: rank on this host", nullptr},

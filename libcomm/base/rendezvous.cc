@@ -252,6 +252,12 @@ Status resolve_identity(const comm_config_t& cfg, Identity* out) {
   COMM_RETURN_IF_ERROR(parse_init_method(method, &kind, &id));
   COMM_RETURN_IF_ERROR(resolve_ranks(cfg, kind, &id));
   if (kind == Kind::kEnv) COMM_RETURN_IF_ERROR(resolve_master(&id));
+  int64_t external = 0, join = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_STORE_EXTERNAL", &external));
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_JOIN", &join));
+  const auto agent = params::env("TORCHELASTIC_USE_AGENT_STORE");
+  id.external_store = external != 0 || (agent && (*agent == "True" || *agent == "true" || *agent == "1"));
+  id.join = join != 0;
   *out = std::move(id);
   return Status::Ok();
 }
@@ -272,7 +278,8 @@ Status open_store(const Identity& id, int timeout_ms, const std::string& auth_to
   TcpStoreOptions options;
   options.host = id.store_host;
   options.port = id.store_port;
-  options.is_server = id.rank == 0;
+  options.is_server = id.rank == 0 && !id.external_store && !id.join;
+  options.external = id.external_store;
   options.world_size = id.world_size;
   options.timeout_ms = timeout_ms;
   options.auth_token = auth_token;

@@ -21,6 +21,10 @@ struct Identity {
   int store_port = -1;
   std::string path;          // file:// directory, memory:// name
   std::string job_id;        // launcher's job id when known (for default ports, file names)
+  // COMM_STORE_EXTERNAL=1 or TORCHELASTIC_USE_AGENT_STORE=True (torchrun's agent serves
+  // MASTER_ADDR:MASTER_PORT): rank 0 connects as every rank does, and the store outlives it.
+  bool external_store = false;
+  bool join = false;  // COMM_JOIN=1: a joiner (docs/design.md, "Growing a communicator"): a client
 };
 
 // Validates everything locally: RANK=abc, WORLD_SIZE=0, rank >= world size, a malformed

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "communicator.h"
+#include "grow.h"
 #include "log.h"
 #include "store/store.h"
 #include "watch.h"
@@ -110,6 +111,8 @@ Status decide(comm_t c, Store& store, const std::vector<int>& mine, std::string*
   for (int r = 0; r < n; ++r) (in[static_cast<size_t>(r)] ? alive : failed).push_back(r);
   const bool quorum = 2 * alive.size() > static_cast<size_t>(n);
   *verdict = (quorum ? "OK " : "NOQUORUM ") + list_text(quorum ? failed : alive);
+  // For the launcher (comm-run --replace-failed), before the verdict: it replaces the excluded.
+  if (quorum && !failed.empty()) grow::record_exclusions(c, failed);
   return store.set("verdict", *verdict);
 }
 

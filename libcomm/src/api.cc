@@ -8,6 +8,7 @@
 #include "abi_guard.h"
 #include "communicator.h"
 #include "group.h"
+#include "grow.h"
 #include "log.h"
 #include "version.h"
 #include "device/device.h"
@@ -178,7 +179,7 @@ COMM_API comm_status_t comm_grow(comm_t c, int n_join, comm_t* out) {
     if (n_join <= 0 && n_join != COMM_GROW_WAITING)
       return comm::InvalidArgument("comm_grow: n_join " + std::to_string(n_join) + " must be positive (that many "
                                    "joiners), or COMM_GROW_WAITING (the joiners waiting now)");
-    return comm::Unavailable("comm_grow: not implemented yet");
+    return comm::grow::grow_communicator(c, n_join, out);
   });
 }
 

@@ -12,6 +12,7 @@
 #include "algorithms/algorithm.h"
 #include "connect.h"
 #include "device/device.h"
+#include "grow.h"
 #include "init_agreement.h"
 #include "interfaces.h"
 #include "log.h"
@@ -46,8 +47,6 @@ Status random_secret(std::string* out) {
   }
   return Status::Ok();
 }
-
-namespace {
 
 Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
   if (cfg.timeout_ms != COMM_UNSET) {
@@ -104,6 +103,8 @@ Status resolve_settings(const comm_config_t& cfg, CommSettings* s) {
   return tuning::load_from_env(&s->profile, &s->tuning_hash);
 }
 
+namespace {
+
 // init returns only once every rank is connected, so nobody tears the store down early.
 Status init_barrier(comm_t c) {
   if (c->size == 1) return Status::Ok();
@@ -113,6 +114,8 @@ Status init_barrier(comm_t c) {
   args.tag.coll = transport::CollKind::kInternal;
   return execute(c, args);
 }
+
+}  // namespace
 
 // Once per process, at the first comm_init (NCCL prints its version the same way): the version
 // line, and a warning for each COMM_* variable that is set but means nothing to libcomm.
@@ -124,9 +127,10 @@ void announce_once() {
   });
 }
 
-}  // namespace
-
 Status init_communicator(const comm_config_t& cfg, comm_t* out) {
+  int64_t join = 0;
+  COMM_RETURN_IF_ERROR(params::get_int("COMM_JOIN", &join));
+  if (join != 0) return grow::join_communicator(cfg, out);  // waits for the job's next comm_grow
   auto c = std::make_unique<comm_s>();
   COMM_RETURN_IF_ERROR(resolve_settings(cfg, &c->settings));
   Identity id;
@@ -205,10 +209,15 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
     c->world_ranks.push_back(parent->world_ranks[static_cast<size_t>(p)]);
   }
   c->all_local = renumber.size() == 1;
+  return finish_communicator(std::move(c), out);
+}
+
+Status finish_communicator(std::unique_ptr<comm_s> c, comm_t* out) {
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   COMM_RETURN_IF_ERROR(init_barrier(c.get()));
   c->job_store->release_idle();
-  COMM_INFO(kInit, "comm %s: rank %d of %d ready (transport %s)", id.c_str(), rank, c->size, c->transport->name());
+  COMM_INFO(kInit, "comm %s: rank %d of %d ready (transport %s)", c->id.c_str(), c->rank, c->size,
+            c->transport->name());
   start_watcher(c.get());
   observe::attach(c.get());  // the metrics see it from now on (observe/live.h)
   *out = c.release();

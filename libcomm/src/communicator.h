@@ -75,6 +75,9 @@ struct comm_s {
   // the address the store saw it by; "" unknown): where comm_shrink's survivors meet when the
   // store died with rank 0 (shrink.cc).
   std::shared_ptr<const std::vector<std::string>> world_addrs;
+  // This communicator's ranks set up their own host-local memory domain (the world, and a grown
+  // communicator, whose joiners are in no earlier domain: grow.cc); the others share their parent's.
+  bool own_job_memory = false;
   bool shrunk = false;  // comm_shrink made a communicator from this one: only comm_destroy is left
   std::unique_ptr<comm::transport::Transport> transport;
   // The profile entries for this communicator's rank count and transport (never null after init).
@@ -161,6 +164,13 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out);
 // survivors met in and a new secret.
 Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out,
                     std::shared_ptr<Store> store = nullptr, const std::string& secret = "");
+// A child whose fields are set but for its transport: connects it, waits for every member (the
+// init barrier), starts its watcher. create_child's last step, and comm_grow's (grow.cc, join.cc).
+Status finish_communicator(std::unique_ptr<comm_s> c, comm_t* out);
+// comm_config_t and the environment to the settings every rank must share (comm.cc).
+Status resolve_settings(const comm_config_t& cfg, CommSettings* s);
+// The version line and the unknown-variable warnings, once per process.
+void announce_once();
 // comm_shrink: the survivors of `comm` (every rank not in `excluded`) make *out without touching
 // comm's transport (shrink.cc).
 // comm_agree_failed: the ranks of `comm` still alive agree on the failed ones (agree.cc).

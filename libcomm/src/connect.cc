@@ -78,7 +78,7 @@ transport::ConnectRequest request_for(comm_t c, const std::string& kind, const t
   r.comm_id = c->id;
   r.world_ranks = c->world_ranks;
   r.job_memory = &c->job_memory;
-  r.world = c->id == "0";
+  r.world = c->id == "0" || c->own_job_memory;
   return r;
 }
 

@@ -33,6 +33,8 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
+}  // namespace
+
 // Ranks are on one host when hostname, boot id and network namespace all match
 // (simulated hosts live in separate namespaces), or when COMM_HOST_ID says so.
 std::string host_identity() {
@@ -43,6 +45,8 @@ std::string host_identity() {
   std::string netns = stat("/proc/self/ns/net", &ns) == 0 ? std::to_string(ns.st_ino) : "?";
   return std::string(host) + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" + netns;
 }
+
+namespace {
 
 
 // What every rank must agree on, as ordered (name, value) pairs.
@@ -162,6 +166,16 @@ std::string listen_early(const Identity& id, const CommSettings& s, std::shared_
   tagged += posix::encode_endpoints(published);
   return tagged;
 }
+
+}  // namespace
+
+std::string settings_fingerprint(const CommSettings& s) { return encode(fingerprint(0, s)); }
+
+std::string settings_difference(const std::string& mine, int my_rank, const std::string& theirs, int their_rank) {
+  return compare(decode(mine), my_rank, decode(theirs), their_rank);
+}
+
+namespace {
 
 // A rank's one contribution to the init check, "init/rank/<r>":
 // "<tagged listen address>\x1d<store reach address>\x1d<fingerprint>\x1d<host identity>"

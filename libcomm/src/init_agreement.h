@@ -29,6 +29,14 @@ struct Agreed {
 
 // Every rank agrees, or every rank fails naming the difference (COMM_ERR_INVALID_USAGE), or
 // none can have the forced transport (COMM_ERR_UNAVAILABLE). Bounded by s.timeout_ms.
+// This process's host: ranks with the same one share a host (hostname, boot id, network
+// namespace; or COMM_HOST_ID).
+std::string host_identity();
+// What every rank must agree on but the world size (a joiner's is the job's, not the grown
+// communicator's), encoded; and the difference of two, naming both ranks ("" when equal).
+std::string settings_fingerprint(const CommSettings& s);
+std::string settings_difference(const std::string& mine, int my_rank, const std::string& theirs, int their_rank);
+
 Status agree_at_init(Store& store, const Identity& id, const CommSettings& s, std::string* secret, Agreed* out);
 
 }  // namespace comm

@@ -227,6 +227,48 @@ TEST_CASE("ABI 1.8: comm_agree_failed and COMM_SHRINK_AGREE: bad input is refuse
   }
 }
 
+TEST_CASE("ABI 1.9: comm_grow: bad input is refused; with nobody waiting COMM_GROW_WAITING gives NULL, and waiting "
+          "for a joiner that never comes times out leaving the communicator usable", "[lifecycle]") {
+  STATIC_REQUIRE(COMM_ABI_VERSION_MINOR >= 9);
+  STATIC_REQUIRE(COMM_GROW_WAITING < 0);  // never a count
+  comm_t out = nullptr;
+  CHECK(comm_grow(nullptr, 1, &out) == COMM_ERR_INVALID_ARGUMENT);
+  const int n = 3;
+  Ranks ranks = init_ranks(n, "grow-nobody", 1500);
+  REQUIRE(ranks.all_ok());
+  CHECK(comm_grow(ranks.comms[0], 1, nullptr) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_grow(ranks.comms[0], 0, &out) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_grow(ranks.comms[0], -2, &out) == COMM_ERR_INVALID_ARGUMENT);
+  struct Seen {
+    comm_status_t waiting = COMM_ERR_INTERNAL, one = COMM_ERR_INTERNAL;
+    bool null_out = false;
+    Reduced after;
+    std::string message;
+  };
+  auto seen = on_ranks(n, [&](int r) {
+    Seen s;
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    comm_t grown = reinterpret_cast<comm_t>(&s);  // must come back NULL
+    s.waiting = comm_grow(c, COMM_GROW_WAITING, &grown);
+    s.null_out = grown == nullptr;
+    s.one = comm_grow(c, 1, &grown);  // nobody comes within the 1.5 s timeout
+    s.message = comm_last_error(c);
+    s.after = allreduce_sum(c, r + 1);
+    comm_destroy(c);
+    return s;
+  });
+  for (int r = 0; r < n; ++r) {
+    const Seen& s = seen[static_cast<size_t>(r)];
+    INFO("rank " << r << ": " << s.message);
+    CHECK(s.waiting == COMM_OK);
+    CHECK(s.null_out);
+    CHECK(s.one == COMM_ERR_TIMEOUT);
+    CHECK(s.message.find("COMM_JOIN=1") != std::string::npos);
+    CHECK(s.after.status == COMM_OK);
+    CHECK(s.after.sum == 6);
+  }
+}
+
 TEST_CASE("comm_get_version_string gives meson's release and the git commit", "[lifecycle]") {
   const char* text = comm_get_version_string();
   REQUIRE(text != nullptr);

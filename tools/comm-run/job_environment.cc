@@ -62,8 +62,8 @@ std::vector<int> allowed_cpus() {
 }
 
 std::vector<std::string> rank_environment(const Options& opt, int rank, const std::string& port,
-                                          const std::string& run_id) {
-  const std::vector<std::pair<std::string, std::string>> ours = {
+                                          const std::string& run_id, bool join) {
+  std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(opt.nranks)},
       {"LOCAL_RANK", std::to_string(rank)},
@@ -79,6 +79,8 @@ std::vector<std::string> rank_environment(const Options& opt, int rank, const st
       {"TORCHELASTIC_RESTART_COUNT", "0"},
       {"TORCHELASTIC_MAX_RESTARTS", "0"},
   };
+  if (opt.replace_failed) ours.emplace_back("COMM_STORE_EXTERNAL", "1");
+  if (join) ours.emplace_back("COMM_JOIN", "1");
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry(*e);

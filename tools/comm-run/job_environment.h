@@ -20,7 +20,9 @@ std::string job_run_id();
 std::vector<int> allowed_cpus();
 
 // The environment of rank `rank`: ours, minus what we set, plus torchrun's variables.
+// With --replace-failed, COMM_STORE_EXTERNAL=1 (comm-run serves the store); join: COMM_JOIN=1 (a
+// replacement, which joins the survivors at their next comm_grow).
 std::vector<std::string> rank_environment(const Options& opt, int rank, const std::string& port,
-                                          const std::string& run_id);
+                                          const std::string& run_id, bool join = false);
 
 }  // namespace comm_run

@@ -67,6 +67,13 @@ int Launcher::run() {
   }
   signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher before it stops the ranks
 
+  if (opt_.replace_failed) {
+    if (!store_.serve(port, opt_.nranks)) return 1;
+    replacements_.assign(static_cast<size_t>(opt_.nranks), 0);
+    port_ = port;
+    run_id_ = run_id;
+    child_mask_ = old_mask;
+  }
   const double deadline = opt_.timeout_s > 0 ? now_s() + opt_.timeout_s : 0;
   start_all(port, run_id, old_mask);
   supervise(sfd, deadline);
@@ -187,6 +194,36 @@ void Launcher::supervise(int sfd, double deadline) {
       if (fds[0].revents != 0) read_signals(sfd);
     }
     check_clocks(deadline);
+    if (opt_.replace_failed && kill_at_ == 0) replace_excluded();
+  }
+}
+
+void Launcher::replace_excluded() {
+  for (const Exclusion& e : store_.new_exclusions()) {
+    if (e.slot < 0 || e.slot >= opt_.nranks) continue;  // not a slot of ours (a joiner beyond the world)
+    const size_t i = static_cast<size_t>(e.slot);
+    // A record about a process this slot no longer runs (several communicators agreeing on one
+    // death, a retried round): its replacement is already there.
+    if (e.generation != replacements_[i]) continue;
+    Rank& r = ranks_[i];
+    if (r.running) {
+      // Still alive: stopped (SIGSTOP) or cut off. Never two processes in one slot: it goes first.
+      std::fprintf(stderr, "comm-run: rank %d was excluded by the others but still runs (stopped?): SIGKILL\n",
+                   e.slot);
+      if (kill(-r.pid, SIGKILL) != 0) kill(r.pid, SIGKILL);
+      if (waitpid(r.pid, &r.wait_status, 0) == r.pid) {
+        r.running = false;
+        --running_;
+      }
+    }
+    if (r.running) continue;  // cannot happen: SIGKILL; never start a second process in the slot
+    for (Stream* st : {&r.out, &r.err}) st->drain(r.prefix);
+    ++replacements_[i];
+    std::fprintf(stderr, "comm-run: rank %d was excluded by the others (%s): starting its replacement #%lld with "
+                 "COMM_JOIN=1\n", e.slot, describe_status(r.wait_status).c_str(),
+                 static_cast<long long>(replacements_[i]));
+    if (!start(e.slot, rank_environment(opt_, e.slot, port_, run_id_, /*join=*/true), allowed_cpus(), child_mask_))
+      std::fprintf(stderr, "comm-run: rank %d: its replacement could not be started\n", e.slot);
   }
 }
 
@@ -195,8 +232,10 @@ int Launcher::poll_timeout_ms(double deadline) const {
   double wake = 0;
   if (kill_at_ != 0) wake = kill_at_;
   if (deadline != 0 && !timed_out_) wake = wake == 0 ? deadline : std::min(wake, deadline);
-  if (wake == 0) return -1;
-  return std::max(0, static_cast<int>((wake - now_s()) * 1000.0) + 1);
+  const int look_ms = opt_.replace_failed ? 100 : -1;  // --replace-failed: the exclusions, 10 times a second
+  if (wake == 0) return look_ms;
+  const int ms = std::max(0, static_cast<int>((wake - now_s()) * 1000.0) + 1);
+  return look_ms < 0 ? ms : std::min(ms, look_ms);
 }
 
 void Launcher::read_signals(int sfd) {
@@ -244,7 +283,11 @@ void Launcher::reap() {
       r.wait_status = status;
       --running_;
       bool stopping = first_failure_ >= 0 || start_failed_ || interrupted_by_ != 0 || timed_out_;
-      if (failed(status) && !stopping) {
+      if (failed(status) && !stopping && opt_.replace_failed) {
+        // The others go on: they agree on the loss, and its exclusion brings a replacement.
+        std::fprintf(stderr, "comm-run: rank %zu %s; the others go on (--replace-failed)\n", i,
+                     describe_status(status).c_str());
+      } else if (failed(status) && !stopping) {
         first_failure_ = static_cast<int>(i);
         std::fprintf(stderr, "comm-run: rank %zu %s; stopping the other ranks\n", i, describe_status(status).c_str());
         stop_all(SIGTERM);
@@ -281,7 +324,7 @@ void Launcher::drain_output() {
 int Launcher::report() const {
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& r = ranks_[i];
-    if (r.pid < 0 || !failed(r.wait_status) || static_cast<int>(i) == first_failure_) continue;
+    if (r.pid < 0 || !failed(r.wait_status) || static_cast<int>(i) == first_failure_ || opt_.replace_failed) continue;
     std::fprintf(stderr, "comm-run: rank %zu %s%s\n", i, describe_status(r.wait_status).c_str(),
                  r.signalled_by_us ? " (stopped by comm-run)" : "");
   }
@@ -296,6 +339,16 @@ int Launcher::report() const {
   }
   if (timed_out_) return 124;
   if (interrupted_by_ != 0) return 128 + interrupted_by_;
+  if (opt_.replace_failed) {
+    int code = 0;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (!failed(ranks_[i].wait_status)) continue;
+      std::fprintf(stderr, "comm-run: job failed: the last process of rank %zu %s\n", i,
+                   describe_status(ranks_[i].wait_status).c_str());
+      if (code == 0) code = exit_code_of(ranks_[i].wait_status);
+    }
+    return code;
+  }
   int code = 0;
   for (const Rank& r : ranks_)
     if (failed(r.wait_status)) code = 1;  // cannot happen: a failure sets first_failure_

@@ -14,6 +14,7 @@
 
 #include "options.h"
 #include "rank_output.h"
+#include "replace_failed.h"
 
 namespace comm_run {
 
@@ -51,6 +52,9 @@ class Launcher {
   void stop_all(int sig);
   void reap();
   void handle_signal(int sig);
+  // --replace-failed: each new exclusion of the process running in its slot: SIGKILL it if it
+  // still runs, then start its replacement with COMM_JOIN=1.
+  void replace_excluded();
 
   // Ending.
   void drain_output();
@@ -64,6 +68,11 @@ class Launcher {
   int interrupted_by_ = 0;   // the signal a user sent us
   bool timed_out_ = false;
   double kill_at_ = 0;       // when stopping: SIGKILL the survivors at this time
+  // --replace-failed: the store comm-run serves, and per slot the replacements started.
+  JobStore store_;
+  std::vector<int64_t> replacements_;
+  std::string port_, run_id_;
+  sigset_t child_mask_{};
 };
 
 }  // namespace comm_run

@@ -30,6 +30,11 @@ void usage(FILE* out) {
       "  --quiet-prefix       leave rank 0's lines as they are, prefix the other ranks' lines: keeps\n"
       "                       rank-0-only output such as comm-bench's table parseable\n"
       "  --no-prefix          no prefixes; the ranks write straight to comm-run's stdout/stderr\n"
+      "  --replace-failed     keep the job going when a rank is lost: comm-run serves the job's store\n"
+      "                       (the ranks get COMM_STORE_EXTERNAL=1), leaves the others running when one\n"
+      "                       fails, and for each rank the survivors exclude (comm_agree_failed) SIGKILLs\n"
+      "                       its process if still alive, then starts a replacement in its slot with\n"
+      "                       COMM_JOIN=1, which joins at the survivors' next comm_grow\n"
       "  --params             print libcomm's parameters (environment variables) and exit\n"
       "  --version            libcomm's release and git commit\n"
       "  -h, --help           this text\n"
@@ -43,7 +48,8 @@ void usage(FILE* out) {
       "get SIGTERM, then SIGKILL after the grace period.\n"
       "\n"
       "Exit status: 0 when every rank exits 0; otherwise the first failing rank's exit status\n"
-      "(128+signal when it was killed), 124 on --timeout-s, 128+signal when interrupted.\n",
+      "(128+signal when it was killed), 124 on --timeout-s, 128+signal when interrupted. With\n"
+      "--replace-failed: 0 when every slot's last process exited 0, else the first such slot's status.\n",
       kMaxRanks);
 }
 
@@ -67,7 +73,7 @@ bool parse_number(const char* text, double min, double max, double* out) {
 }  // namespace
 
 int parse_options(int argc, char** argv, Options* opt) {
-  enum { kBind = 256, kTimeout, kGrace, kPrefix, kQuiet, kNoPrefix, kParams, kVersion };
+  enum { kBind = 256, kTimeout, kGrace, kPrefix, kQuiet, kNoPrefix, kParams, kVersion, kReplace };
   const option longopts[] = {
       {"nproc", required_argument, nullptr, 'n'},
       {"nproc-per-node", required_argument, nullptr, 'n'},
@@ -78,6 +84,7 @@ int parse_options(int argc, char** argv, Options* opt) {
       {"quiet-prefix", no_argument, nullptr, kQuiet},
       {"no-prefix", no_argument, nullptr, kNoPrefix},
       {"params", no_argument, nullptr, kParams},
+      {"replace-failed", no_argument, nullptr, kReplace},
       {"version", no_argument, nullptr, kVersion},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
@@ -123,6 +130,7 @@ int parse_options(int argc, char** argv, Options* opt) {
       case kQuiet: opt->prefix = Prefix::kQuiet; break;
       case kNoPrefix: opt->prefix = Prefix::kNone; break;
       case kParams: opt->print_params = true; break;
+      case kReplace: opt->replace_failed = true; break;
       case kVersion: std::printf("comm-run (libcomm %s)\n", comm::version::text()); return 0;
       case 'h': usage(stdout); return 0;
       case ':': std::fprintf(stderr, "comm-run: %s needs a value; see --help\n", argv[optind - 1]); return 2;

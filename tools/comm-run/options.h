@@ -16,6 +16,7 @@ struct Options {
   double grace_s = 5;    // SIGTERM -> SIGKILL
   Prefix prefix = Prefix::kAuto;
   bool print_params = false;
+  bool replace_failed = false;  // --replace-failed: replace_failed.h
   std::vector<char*> program;  // argv of the rank program, null-terminated
 
   // Whether rank output goes through comm-run's pipes to get "[rank] " prefixes.

@@ -60,6 +60,9 @@ struct TcpStoreOptions {
   std::string host;           // address rank 0 listens on / others connect to
   int port = 0;               // 0: rank 0 picks one (tests)
   bool is_server = false;     // rank 0 serves
+  // The server runs outside the job's ranks (comm-run --replace-failed, torchrun's agent): a
+  // client's dies_with_rank0() is false.
+  bool external = false;
   int world_size = 1;
   int timeout_ms = 600000;    // connect retry with backoff until this passes
   std::string auth_token;     // COMM_AUTH_TOKEN: clients presenting another are refused, logged

@@ -61,7 +61,7 @@ class Client final : public Store {
     return call(Op::kSet, key, value, Deadline::after_ms(options_.timeout_ms), &payload);
   }
 
-  bool dies_with_rank0() const override { return true; }
+  bool dies_with_rank0() const override { return !options_.external; }
   std::string reach_address() const override { return reach_address_; }
 
   Status set(const std::string& key, const std::string& value, Deadline deadline) override {

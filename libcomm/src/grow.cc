@@ -1,0 +1,254 @@
+// comm_grow, the members' side (NCCL 2.29's ncclCommGrow): the lowest member claims joiners
+// from the job's join queue (grow.h: the keys), reads what each says about itself, and tells
+// the other members through one small broadcast on the communicator; with joiners, the members
+// learn each other's hosts, the lowest answers each joiner with what a member of the grown
+// communicator needs, and members and joiners connect it together, as comm_dup's children do.
+// The protocol and what it assumes: docs/design.md, "Growing a communicator".
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "grow.h"
+#include "init_agreement.h"
+#include "log.h"
+
+namespace comm::grow {
+namespace {
+
+// A joiner takes its ticket, then writes its hello at once: with COMM_GROW_WAITING, a ticket
+// without a hello this long after is a joiner that died in between (it gets RETRY if not).
+constexpr int kHelloMs = 2000;
+
+enum Kind : int64_t { kNone = 0, kGrow = 1, kFail = 2 };
+
+struct Joiner {
+  int64_t ticket = 0;
+  Hello hello;
+};
+
+std::string joiner_name(const Joiner& j) {
+  return "the joiner of ticket " + std::to_string(j.ticket) + (j.hello.slot >= 0 ? " (slot " + std::to_string(j.hello.slot) + ")" : "");
+}
+
+// The lowest member: claims tickets, reads their hellos, and answers the ones it cannot admit.
+// Returns the joiners to admit; a failure the members share is a Status (the joiners it claimed
+// were told RETRY, so they wait for the next grow).
+Status claim(comm_t c, int n_join, std::vector<Joiner>* admitted) {
+  Store& store = *c->job_store;
+  int64_t first = 0, last = 0;
+  if (n_join == COMM_GROW_WAITING) {
+    int64_t tickets = 0, claimed = 0;
+    COMM_RETURN_IF_ERROR(store.add(kTickets, 0, &tickets));
+    COMM_RETURN_IF_ERROR(store.add(kClaimed, 0, &claimed));
+    if (tickets <= claimed) return Status::Ok();  // the every-step case: nobody waits
+    COMM_RETURN_IF_ERROR(store.add(kClaimed, tickets - claimed, &last));
+    first = last - (tickets - claimed) + 1;  // another communicator's grow may have claimed some meanwhile
+  } else {
+    COMM_RETURN_IF_ERROR(store.add(kClaimed, n_join, &last));
+    first = last - n_join + 1;
+  }
+  const std::string mine = settings_fingerprint(c->settings);
+  const Deadline all = Deadline::after_ms(c->settings.timeout_ms);
+  std::string problems;
+  std::vector<int64_t> missing;
+  for (int64_t t = first; t <= last; ++t) {
+    Joiner j;
+    j.ticket = t;
+    std::string text;
+    const Deadline d = n_join == COMM_GROW_WAITING ? Deadline::after_ms(kHelloMs) : all;
+    if (!store.get(hello_key(t), &text, d).ok()) {
+      missing.push_back(t);
+      continue;
+    }
+    if (!decode_hello(text, &j.hello)) {
+      (void)store.set(answer_key(t), "FAIL\nits hello in the job store is malformed (a libcomm of another version? "
+                                     "start every process with the same libcomm)");
+      problems += (problems.empty() ? "" : "; ") + joiner_name(j) + " sent a malformed hello";
+      continue;
+    }
+    if (withdrawn(store, t)) continue;  // gave up waiting: it is gone
+    const int new_rank = c->size + static_cast<int>(admitted->size());
+    const std::string diff = settings_difference(mine, 0, j.hello.settings, new_rank);
+    if (!diff.empty()) {
+      (void)store.set(answer_key(t), "FAIL\nits settings differ from the job's: " + diff +
+                                         "; start a joiner with the job's environment plus COMM_JOIN=1");
+      problems += (problems.empty() ? "" : "; ") + joiner_name(j) + ": " + diff;
+      continue;
+    }
+    admitted->push_back(j);
+  }
+  if (n_join == COMM_GROW_WAITING) {
+    for (int64_t t : missing) (void)store.set(answer_key(t), kRetry);  // alive after all: it registers again
+    if (!problems.empty())
+      COMM_WARN(kInit, "rank %d, comm %s: comm_grow: not admitted: %s", c->rank, c->id.c_str(), problems.c_str());
+    return Status::Ok();
+  }
+  if (missing.empty() && problems.empty()) return Status::Ok();
+  // Exactly n_join or nothing: the ones that came wait for the next grow, as do late ones.
+  for (const Joiner& j : *admitted) (void)store.set(answer_key(j.ticket), kRetry);
+  for (int64_t t : missing) (void)store.set(answer_key(t), kRetry);
+  const int came = static_cast<int>(admitted->size());
+  admitted->clear();
+  if (!problems.empty())
+    return InvalidUsage("not every joiner can join: " + problems + "; nothing changed");
+  return Timeout(std::to_string(came) + " of the " + std::to_string(n_join) + " joiners asked for registered within " +
+                 std::to_string(c->settings.timeout_ms) + " ms (are they started with the job's environment plus "
+                 "COMM_JOIN=1, and do they reach the job's store?); nothing changed");
+}
+
+// The lowest member's decision, for the broadcast: each joiner's world rank, host and address,
+// and the grown communicator's secret.
+Status describe(comm_t c, std::vector<Joiner>& joiners, std::string* payload) {
+  Store& store = *c->job_store;
+  std::set<int> used(c->world_ranks.begin(), c->world_ranks.end());
+  int fresh = std::max(static_cast<int>(c->world_addrs ? c->world_addrs->size() : 0), *used.rbegin() + 1);
+  std::string secret;
+  COMM_RETURN_IF_ERROR(random_secret(&secret));
+  *payload = secret + "\n";
+  for (Joiner& j : joiners) {
+    // Its launcher slot when that is free (a replacement takes the slot of the rank it replaces);
+    // never 0 while a TCP store may be served there (world rank 0 means "serves the store").
+    int w = j.hello.slot;
+    if (w < 0 || used.count(w) > 0 || (w == 0 && c->job_store->dies_with_rank0())) w = fresh++;
+    fresh = std::max(fresh, w + 1);
+    used.insert(w);
+    int64_t gen = 0;
+    COMM_RETURN_IF_ERROR(store.add(joins_key(w), 1, &gen));
+    *payload += std::to_string(w) + " " + std::to_string(j.hello.host) + " " +
+                (j.hello.reach.empty() ? std::string("-") : j.hello.reach) + "\n";
+  }
+  return Status::Ok();
+}
+
+Status broadcast(comm_t c, void* buf, size_t bytes) {
+  algo::CollArgs args;
+  args.kind = transport::CollKind::kBroadcast;
+  args.sendbuf = buf;
+  args.recvbuf = buf;
+  args.count = bytes;
+  args.dtype = COMM_UINT8;
+  args.root = 0;
+  return run_blocking(c, args);
+}
+
+// Every member: the grown communicator's fields from the decision (all alike).
+Status plan(comm_t c, const std::string& payload, const std::vector<uint64_t>& member_hosts, Answer* a,
+            std::vector<std::string>* reach) {
+  std::vector<std::string> lines;
+  size_t pos = 0;
+  for (size_t nl; (nl = payload.find('\n', pos)) != std::string::npos; pos = nl + 1) lines.push_back(payload.substr(pos, nl - pos));
+  if (lines.size() < 2) return Internal("malformed comm_grow decision");
+  a->secret = lines[0];
+  a->id = c->id + ".g" + std::to_string(++c->children);
+  a->local_transport_usable = c->local_transport_usable;
+  a->world_ranks = c->world_ranks;
+  std::vector<uint64_t> hosts = member_hosts;
+  std::vector<std::string> addrs = c->world_addrs ? *c->world_addrs : std::vector<std::string>();
+  addrs.resize(static_cast<size_t>(c->size) > addrs.size() ? static_cast<size_t>(c->size) : addrs.size());
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const size_t s1 = lines[i].find(' '), s2 = lines[i].rfind(' ');
+    if (s1 == std::string::npos || s2 == s1) return Internal("malformed comm_grow decision");
+    const int w = std::stoi(lines[i].substr(0, s1));
+    a->world_ranks.push_back(w);
+    hosts.push_back(std::stoull(lines[i].substr(s1 + 1, s2 - s1 - 1)));
+    const std::string addr = lines[i].substr(s2 + 1);
+    if (addrs.size() <= static_cast<size_t>(w)) addrs.resize(static_cast<size_t>(w) + 1);
+    addrs[static_cast<size_t>(w)] = addr == "-" ? "" : addr;
+    reach->push_back(addr);
+  }
+  std::map<uint64_t, int> number;  // hosts numbered in order of each host's first rank, as at init
+  for (uint64_t h : hosts) a->host_of.push_back(number.emplace(h, static_cast<int>(number.size())).first->second);
+  a->world_addrs = std::move(addrs);
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::unique_ptr<comm_s> make_grown(const Answer& a, const CommSettings& settings, std::shared_ptr<Store> store) {
+  auto g = std::make_unique<comm_s>();
+  g->rank = a.rank;
+  g->size = static_cast<int>(a.host_of.size());
+  g->id = a.id;
+  g->settings = settings;
+  g->secret = a.secret;
+  g->job_store = std::move(store);
+  g->world_addrs = std::make_shared<std::vector<std::string>>(a.world_addrs);
+  g->local_transport_usable = a.local_transport_usable;
+  g->host_of = a.host_of;
+  g->world_ranks = a.world_ranks;
+  g->all_local = std::all_of(a.host_of.begin(), a.host_of.end(), [](int h) { return h == 0; });
+  g->own_job_memory = true;  // the joiners are in no earlier domain: this communicator makes its own
+  return g;
+}
+
+Status grow_communicator(comm_t c, int n_join, comm_t* out) {
+  const std::string where = "rank " + std::to_string(c->rank) + ", comm " + c->id + ": comm_grow: ";
+  *out = nullptr;
+  COMM_RETURN_IF_ERROR(check_usable(c));
+  bool store_alive = !c->job_store->dies_with_rank0();
+  for (int w : c->world_ranks) store_alive = store_alive || w == 0;
+  if (!store_alive) {
+    if (n_join == COMM_GROW_WAITING) return Status::Ok();  // nobody can be waiting: joiners fail at their comm_init
+    return Unavailable(where + "the job store was served by world rank 0, which is gone, so no joiner can find the "
+                       "job; run it under comm-run --replace-failed (which serves the store), with an external store "
+                       "(COMM_STORE_EXTERNAL=1 and MASTER_ADDR:MASTER_PORT served outside the ranks), or with "
+                       "init_method file://");
+  }
+  // The lowest member decides; one broadcast tells the others (and is all a step without joiners costs).
+  int64_t header[2] = {kNone, 0};
+  std::string payload;
+  std::vector<Joiner> joiners;
+  if (c->rank == 0) {
+    Status st = claim(c, n_join, &joiners);
+    if (st.ok() && !joiners.empty()) st = describe(c, joiners, &payload);
+    if (!st.ok()) {
+      payload = std::to_string(static_cast<int>(st.code())) + "\n" + st.message();
+      header[0] = kFail;
+    } else if (!joiners.empty()) {
+      header[0] = kGrow;
+    }
+    header[1] = static_cast<int64_t>(payload.size());
+  }
+  COMM_RETURN_IF_ERROR(broadcast(c, header, sizeof header).prefixed(where));
+  if (header[0] == kNone) return Status::Ok();
+  if (header[1] < 0 || header[1] > (1 << 24)) return Internal(where + "malformed decision from rank 0");
+  payload.resize(static_cast<size_t>(header[1]));
+  COMM_RETURN_IF_ERROR(broadcast(c, payload.data(), payload.size()).prefixed(where));
+  if (header[0] == kFail) {
+    const size_t nl = payload.find('\n');
+    int code = nl == std::string::npos ? COMM_ERR_INTERNAL : std::atoi(payload.substr(0, nl).c_str());
+    if (code < COMM_ERR_INVALID_ARGUMENT || code > COMM_ERR_INTERNAL) code = COMM_ERR_INTERNAL;
+    const std::string why = nl == std::string::npos ? payload : payload.substr(nl + 1);
+    return Status(static_cast<comm_status_t>(code), where + (c->rank == 0 ? "" : "rank 0 (the lowest member): ") + why);
+  }
+  // The members' hosts, so joiners on a member's host share its host number.
+  std::vector<uint64_t> hosts(static_cast<size_t>(c->size));
+  uint64_t mine = host_hash();
+  {
+    algo::CollArgs args;
+    args.kind = transport::CollKind::kAllgather;
+    args.sendbuf = &mine;
+    args.recvbuf = hosts.data();
+    args.count = 1;
+    args.dtype = COMM_UINT64;
+    COMM_RETURN_IF_ERROR(run_blocking(c, args).prefixed(where));
+  }
+  Answer a;
+  std::vector<std::string> reach;
+  COMM_RETURN_IF_ERROR(plan(c, payload, hosts, &a, &reach).prefixed(where));
+  if (c->rank == 0) {
+    for (size_t i = 0; i < joiners.size(); ++i) {
+      Answer theirs = a;
+      theirs.rank = c->size + static_cast<int>(i);
+      COMM_RETURN_IF_ERROR(c->job_store->set(answer_key(joiners[i].ticket), encode_answer(theirs)).prefixed(where));
+    }
+  }
+  a.rank = c->rank;
+  COMM_INFO(kInit, "comm %s rank %d: comm_grow admits %zu joiner(s) into comm %s of %zu ranks", c->id.c_str(), c->rank,
+            reach.size(), a.id.c_str(), a.host_of.size());
+  return finish_communicator(make_grown(a, c->settings, c->job_store), out).prefixed(where);
+}
+
+}  // namespace comm::grow

@@ -1,0 +1,105 @@
+// comm_init with COMM_JOIN=1: a process that joins a running job at its next comm_grow (grow.cc:
+// the members' side; grow.h: the keys). It opens the job's store as a client (never as its
+// server, whatever its RANK says), registers in the job's join queue with what the lowest member
+// needs to know of it, waits for the answer, and connects the grown communicator with the
+// members, as a child of comm_dup does. docs/design.md, "Growing a communicator".
+#include "communicator.h"
+#include "grow.h"
+#include "init_agreement.h"
+#include "interfaces.h"
+#include "log.h"
+#include "params.h"
+#include "process_plan.h"
+#include "rendezvous.h"
+#include "tls/tls.h"
+#include "tuning/nccl_settings.h"
+
+namespace comm::grow {
+namespace {
+
+std::string gone_key(int64_t t) { return "job/join/" + std::to_string(t) + "/gone"; }
+
+std::string store_fix() {
+  return "the job's store must outlive world rank 0 for joiners to find the job: run it under comm-run "
+         "--replace-failed (which serves the store), with an external store (COMM_STORE_EXTERNAL=1, MASTER_ADDR:"
+         "MASTER_PORT served outside the ranks), or with init_method file://";
+}
+
+}  // namespace
+
+bool withdrawn(Store& store, int64_t ticket) {
+  int64_t gone = 0;
+  return store.add(gone_key(ticket), 0, &gone).ok() && gone > 0;
+}
+
+Status join_communicator(const comm_config_t& cfg_in, comm_t* out) {
+  comm_config_t cfg = cfg_in;
+  cfg.rank = COMM_UNSET;  // a joiner's rank is the grown communicator's to give
+  cfg.world_size = COMM_UNSET;
+  CommSettings settings;
+  COMM_RETURN_IF_ERROR(resolve_settings(cfg, &settings));
+  Identity id;
+  COMM_RETURN_IF_ERROR(resolve_identity(cfg, &id));
+  // The launcher's slot (a replacement is started with the RANK of the rank it replaces).
+  const int slot = id.world_size > 1 ? id.rank : -1;
+  id.join = true;  // open_store: a client
+  if (slot >= 0) log::set_thread_rank(slot);
+  announce_once();
+  const std::string where =
+      std::string("joiner") + (slot >= 0 ? " (slot " + std::to_string(slot) + ")" : "") + " with COMM_JOIN=1: ";
+  const bool tcp = id.init_method == "env://" || id.init_method.rfind("tcp://", 0) == 0;
+  if (tcp && id.store_port <= 0)
+    return InvalidArgument(where + "no store to join: set MASTER_ADDR and MASTER_PORT (or init_method) to the "
+                           "job's store, as for its ranks");
+  std::string token;
+  COMM_RETURN_IF_ERROR(params::get_string("COMM_AUTH_TOKEN", &token));
+  std::shared_ptr<tls::Context> store_tls;
+  COMM_RETURN_IF_ERROR(tls::context_from_env(settings.tls, token, "store", "COMM_AUTH_TOKEN", &store_tls));
+  std::shared_ptr<Store> store;
+  Status opened = open_store(id, settings.timeout_ms, token, &store, store_tls);
+  if (!opened.ok())
+    return Unavailable(where + "the job's store does not answer (" + opened.message() + "); " + store_fix());
+  std::vector<std::string> notes;
+  topology::prepare_process(store.get(), tuning::nccl_settings(settings.profile.get(), id.world_size, &notes));
+  topology::remember_store_host(id.store_host);
+
+  Hello hello;
+  hello.slot = slot;
+  hello.host = host_hash();
+  hello.reach = store->reach_address();
+  hello.settings = settings_fingerprint(settings);
+  const Deadline deadline = Deadline::after_ms(settings.timeout_ms);
+  std::string text;
+  for (;;) {
+    int64_t ticket = 0;
+    Status st = store->add(kTickets, 1, &ticket);
+    if (st.ok()) st = store->set(hello_key(ticket), encode_hello(hello));
+    if (!st.ok()) return Unavailable(where + "the job's store stopped answering (" + st.message() + "); " + store_fix());
+    COMM_INFO(kInit, "%sregistered as ticket %lld; waiting for the job's next comm_grow", where.c_str(),
+              static_cast<long long>(ticket));
+    st = store->get(answer_key(ticket), &text, deadline);
+    if (!st.ok()) {
+      int64_t ignored = 0;
+      (void)store->add(gone_key(ticket), 1, &ignored);  // a grow that claims it later leaves it out
+      if (st.code() != COMM_ERR_TIMEOUT)
+        return Unavailable(where + "the job's store stopped answering (" + st.message() + "); " + store_fix());
+      return Timeout(where + "no comm_grow admitted this process within " + std::to_string(settings.timeout_ms) +
+                     " ms (COMM_TIMEOUT_MS); do the job's ranks call comm_grow (Communicator.grow()), and is this "
+                     "the job's store (MASTER_ADDR/MASTER_PORT or init_method)?");
+    }
+    if (text != kRetry) break;
+    if (deadline.expired())
+      return Timeout(where + "the comm_grow calls that claimed this process failed until its timeout (" +
+                     std::to_string(settings.timeout_ms) + " ms); see the members' errors");
+  }
+  if (text.rfind("FAIL\n", 0) == 0) return InvalidUsage(where + "the job refused this process: " + text.substr(5));
+  Answer a;
+  if (!decode_answer(text, &a))
+    return Internal(where + "the answer in the job's store is malformed (a libcomm of another version? start every "
+                    "process with the same libcomm)");
+  log::set_thread_rank(a.rank);
+  COMM_INFO(kInit, "%sadmitted as rank %d of %zu in comm %s", where.c_str(), a.rank, a.host_of.size(), a.id.c_str());
+  return finish_communicator(make_grown(a, settings, store), out).prefixed(where);
+}
+
+}  // namespace comm::grow
