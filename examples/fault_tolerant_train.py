@@ -69,6 +69,7 @@ def main(argv=None):
     ap.add_argument("--until-size", type=int, default=0,
                     help="after --steps, go on until the job has this many ranks again (a replacement joined)")
     ap.add_argument("--max-steps", type=int, default=2000, help="with --until-size: stop there anyway")
+    ap.add_argument("--after-join", type=int, default=5, help="steps trained after the last join")
     ap.add_argument("--init-method", default=None, help="e.g. file:///DIR: a job store that outlives rank 0 "
                     "(with env://, the default, rank 0's process serves it and the survivors of its death cannot agree)")
     ap.add_argument("--kill-rank", type=int, default=-1)
@@ -97,10 +98,13 @@ def main(argv=None):
         say(f"# [{me}] joined at step {ddp.committed_steps}, {ddp.comm.size} ranks")
     seen = 0
     try:
-        def more():  # the same answer on every member: steps and size are theirs alike
-            if ddp.committed_steps < args.steps:
+        def more():  # the same answer on every member, the joiner's too: all checked after ddp.step()
+            done = ddp.committed_steps
+            if done < args.steps:
                 return True
-            return ddp.comm.size < args.until_size and ddp.committed_steps < args.max_steps
+            if ddp.joins and done < ddp.joins[-1]["step"] + args.after_join:
+                return True
+            return ddp.comm.size < args.until_size and done < args.max_steps
         while more():
             step = sampler.position
             t0 = time.monotonic()

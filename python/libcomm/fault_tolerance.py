@@ -169,9 +169,16 @@ class FaultTolerance:
         record = {"step": self.step, "failed": [], "phase": PHASE[self.failed_phase],
                   "error": str(self.failure).splitlines()[0][:300]}
         self.recoveries.append(record)
+        idle_rounds = 0  # rounds in a row in which the agreement found no failed rank
         while True:
             failed = self._agree_and_shrink(record)
             record["failed"] += [f for f in failed if f not in record["failed"]]
+            idle_rounds = 0 if failed else idle_rounds + 1
+            if idle_rounds > 3:
+                # Not a lost rank: the step itself fails on every communicator (a bug, a peer
+                # that reports a mismatch): going round again would never end.
+                raise FaultToleranceError(self._where() + "the step failed 4 times in a row with no "
+                                          f"rank failed; the last error: {self.failure}")
             try:
                 return self._realign(record, start)
             except errors.CommError as e:
@@ -380,10 +387,24 @@ class FaultTolerance:
         """A joiner's side of _grow, after its wrap (and register_comm_hook): the shared state."""
         self.joining = False
         self.skip_grow = True
+        start = time.monotonic()
         try:
             self._exchange_state()
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"joining failed while receiving the state: {e}") from e
+        self.joins.append({"step": self.step, "size": self.ddp._user_comm.size,
+                           "seconds": time.monotonic() - start, "joined": True})
+
+    def boundary(self):
+        """ddp.step()'s end, after the optimizer: the step boundary, where joiners are admitted (so
+        that a loop's condition after it sees the grown job on every rank alike, the joiner's too).
+        Without ddp.step() it comes at the next training forward. A failure is the next step's."""
+        if self.at_boundary:
+            self.at_boundary = False
+            if self.skip_grow:
+                self.skip_grow = False
+            elif self.can_grow:
+                self.guard(self._grow)
 
     def _exchange_state(self):
         """Rank 0's step, registered state and RNG states to every rank (a joiner takes them),

@@ -465,12 +465,14 @@ class DistributedDataParallel(torch.nn.Module):
         return self._ft.should_commit()
 
     def step(self, optimizer, scheduler=None):
-        """should_commit(), then optimizer.step() and scheduler.step() (when given)."""
+        """should_commit(), then optimizer.step() and scheduler.step() (when given), then the step
+        boundary, where ranks waiting to join are admitted."""
         committed = self.should_commit()
         if committed:
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
+            self._ft.boundary()
         return committed
 
     def register_state(self, optimizer=None, scheduler=None, sampler=None, **more):
@@ -491,6 +493,12 @@ class DistributedDataParallel(torch.nn.Module):
     @property
     def committed_steps(self):
         return None if self._ft is None else self._ft.step
+
+    @property
+    def joins(self):
+        """fault_tolerant: one dict per admission of joiners (step, size, seconds; joined=True on
+        the joiner's side)."""
+        return [] if self._ft is None else list(self._ft.joins)
 
     @property
     def recoveries(self):

@@ -122,7 +122,7 @@ def check(codes, lines, survivors, steps, victim, outcome=None, joiner=None):
     if bad:
         for r, ls in enumerate(lines):
             print(f"---- rank {r} (exit {codes[r]}) ----")
-            print("\n".join(ls[-60:]))
+            print("\n".join(ls[-int(os.environ.get("FT_SHOW", "60")):]))
         sys.exit("FAIL: " + "; ".join(bad))
     print(f"ok: ranks {survivors} committed {steps} steps, equal parameters {next(iter(finals.values()))[1][:16]}")
 
@@ -163,9 +163,13 @@ def join_test(transport):
                COMM_TIMEOUT_MS=os.environ.get("FT_TIMEOUT_MS", "10000"))
     procs = [subprocess.Popen([PY, RANK_SCRIPT] + args, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(4)]
-    started, unavailable = [], []
+    started, unavailable, lock = [], [], threading.Lock()
 
     def on_line(r, line):
+        with lock:  # one reader thread per rank
+            on_line_locked(r, line)
+
+    def on_line_locked(r, line):
         if "not implemented yet" in line and "comm_grow" in line:  # the stub: nothing can join
             unavailable.append(line)
             for p in procs + started:
