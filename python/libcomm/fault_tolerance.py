@@ -200,6 +200,12 @@ class FaultTolerance:
             now = time.monotonic()
             parts[name] = parts.get(name, 0.0) + now - t
             t = now
+        # First the wrapper's own communicators go (aborted, then destroyed: their sockets close):
+        # a peer that completed what failed here (docs/design.md, "Which calls a failure fails")
+        # may be waiting in the next collective, e.g. the vote, for this rank, which will not come;
+        # the close fails it now instead of at its timeout, and the agreement needs it.
+        self._teardown()
+        lap("teardown")
         try:
             failed = old.agree_failed()
         except errors.RemoteError as e:
@@ -215,8 +221,6 @@ class FaultTolerance:
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"agreeing on the failed ranks failed: {e}") from e
         lap("agree")
-        self._teardown()
-        lap("teardown")
         try:
             new = old.shrink(failed)
         except errors.CommError as e:
