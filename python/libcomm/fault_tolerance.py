@@ -200,12 +200,18 @@ class FaultTolerance:
             now = time.monotonic()
             parts[name] = parts.get(name, 0.0) + now - t
             t = now
-        # First the wrapper's own communicators go (aborted, then destroyed: their sockets close):
-        # a peer that completed what failed here (docs/design.md, "Which calls a failure fails")
-        # may be waiting in the next collective, e.g. the vote, for this rank, which will not come;
-        # the close fails it now instead of at its timeout, and the agreement needs it.
-        self._teardown()
-        lap("teardown")
+        # First the wrapper's communicator goes (aborted, then destroyed: its sockets close, with
+        # no goodbye): a peer that completed what failed here (docs/design.md, "Which calls a
+        # failure fails") may wait in the vote for this rank, which will not come; the close fails
+        # it now instead of at its timeout, and the agreement needs it. The engine stays until
+        # after the agreement: its graceful destroy would say goodbye to peers still in its step.
+        if ddp._comm is not None:
+            for end in (ddp._comm.abort, ddp._comm.destroy):
+                try:
+                    end()
+                except errors.CommError:
+                    pass
+            ddp._comm = None
         try:
             failed = old.agree_failed()
         except errors.RemoteError as e:
@@ -221,6 +227,8 @@ class FaultTolerance:
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"agreeing on the failed ranks failed: {e}") from e
         lap("agree")
+        self._teardown()
+        lap("teardown")
         try:
             new = old.shrink(failed)
         except errors.CommError as e:
