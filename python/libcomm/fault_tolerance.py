@@ -212,8 +212,35 @@ class FaultTolerance:
                 except errors.CommError:
                     pass
             ddp._comm = None
+        for attempt in range(3):
+            failed = self._agree(old)
+            lap("agree")
+            self._teardown()
+            lap("teardown")
+            try:
+                new = old.shrink(failed)
+                break
+            except errors.CommError as e:
+                # Another rank failed during the shrink (it did not join it): the survivors all
+                # fail it alike and agree again on this communicator, which a failed shrink
+                # leaves as it was (libcomm/src/shrink.cc marks it shrunk only on success).
+                lap("shrink")
+                if attempt == 2:
+                    raise FaultToleranceError(
+                        self._where() + f"shrinking without ranks {failed} failed 3 times (ranks "
+                        f"failing during each shrink, or survivors that disagree): {e}") from e
         try:
-            failed = old.agree_failed()
+            old.abort()  # it failed: its destroy must not wait for goodbyes from the dead
+            old.destroy()
+        except errors.CommError:
+            pass  # it can only be destroyed; a failed goodbye changes nothing
+        ddp._user_comm, ddp._owns_comm = new, True
+        lap("shrink")
+        return failed
+
+    def _agree(self, old):
+        try:
+            return old.agree_failed()
         except errors.RemoteError as e:
             raise FaultToleranceError(
                 self._where() + "the other ranks agreed that this rank failed (it was stopped, cut "
@@ -226,23 +253,6 @@ class FaultTolerance:
                 f"or init_method file://). {e}") from e
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"agreeing on the failed ranks failed: {e}") from e
-        lap("agree")
-        self._teardown()
-        lap("teardown")
-        try:
-            new = old.shrink(failed)
-        except errors.CommError as e:
-            raise FaultToleranceError(
-                self._where() + f"shrinking without ranks {failed} failed (another rank failed "
-                f"during the shrink, or the survivors disagree): {e}") from e
-        try:
-            old.abort()  # it failed: its destroy must not wait for goodbyes from the dead
-            old.destroy()
-        except errors.CommError:
-            pass  # it can only be destroyed; a failed goodbye changes nothing
-        ddp._user_comm, ddp._owns_comm = new, True
-        lap("shrink")
-        return failed
 
     def _teardown(self, abort=True):
         """The engine and the wrapper's duplicates of the communicator go (abort: it failed);
