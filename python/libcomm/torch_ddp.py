@@ -33,13 +33,15 @@ What it does, as torch's own DDP does it:
 """
 
 import ctypes
-import weakref
+import os
 
 import numpy as np
 import torch
 
 from .communicator import Communicator
 from .engine import Engine
+from .fault_tolerance import FaultTolerance
+from .overlap_optimizer import _OverlappedOptimizer
 
 _execution_engine = torch.autograd.Variable._execution_engine
 
@@ -57,8 +59,14 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module, comm=None, *, bucket_cap_mb=25, first_bucket_mb=None,
                  gradient_as_bucket_view=False, find_unused_parameters=False,
                  static_graph=False, broadcast_buffers=True, wire_dtype=None, trace_file=None,
-                 engine_factory=Engine, overlap_forward=False, partition_mb=None):
+                 engine_factory=Engine, overlap_forward=False, partition_mb=None,
+                 fault_tolerant=False):
         super().__init__()
+        if fault_tolerant and overlap_forward:
+            raise ValueError("libcomm DDP: fault_tolerant=True cannot keep overlap_forward=True: its "
+                             "optimizer updates parameters during the next forward, before a failed "
+                             "step could be redone; use overlap_forward=False")
+        self._ft = None                       # fault_tolerance.FaultTolerance when fault_tolerant
         self.module = module
         self._owns_comm = comm is None
         self._user_comm = Communicator() if comm is None else comm
@@ -95,6 +103,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._overlapped = None               # the _OverlappedOptimizer, once made
         self._in_flight = False               # overlap_forward: this step's gradients still arriving
         self._comm_hook = None                # (state, hook) of register_comm_hook
+        self._reduce_hook = None              # the engine's side of it, kept for a rebuild
         self._hook_comm = None                # the hooks' own communicator
         self._stepped = False                 # a backward ran: too late for register_comm_hook
         self._joining = False                 # inside join(): each training forward says "active"
@@ -113,6 +122,12 @@ class DistributedDataParallel(torch.nn.Module):
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(self._make_hook(i))
             self._accumulators.append(acc)
+        if fault_tolerant:
+            self._ft = FaultTolerance(self)
+            # A replacement (COMM_JOIN=1): comm is the grown communicator, and the wrap above
+            # paired with the members' (fault_tolerance.py, _as_at_wrap); the rest of the state
+            # comes at register_state() or the first forward.
+            self._ft.joining = os.environ.get("COMM_JOIN") == "1"
 
     def _make_engine(self, reduce_hook=None):
         engine = self._engine_factory(self._user_comm, **self._engine_args)
@@ -168,6 +183,9 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *inputs, **kwargs):
         if torch.is_grad_enabled():
             self._pending_sync = self.require_backward_grad_sync
+            if self._ft is not None:
+                self._ft.before_forward()
+                return self.module(*inputs, **kwargs)
             root = 0
             if self._joining:
                 # The counterpart of the joined ranks' in _shadow_until_all_joined: buffers come
@@ -178,6 +196,13 @@ class DistributedDataParallel(torch.nn.Module):
                     for b in self.module.buffers():
                         self._broadcast_tensor(b, root=root)
         return self.module(*inputs, **kwargs)
+
+    def _forward_collectives(self):
+        """fault_tolerant: what a training forward sends, also redone after a failure."""
+        if self.broadcast_buffers:
+            with torch.no_grad():
+                for b in self.module.buffers():
+                    self._broadcast_tensor(b)
 
     def _make_hook(self, i):
         p = self._params[i]
@@ -199,6 +224,10 @@ class DistributedDataParallel(torch.nn.Module):
                     p.grad = view
                 grad = view
             self._ready[i] = 1
+            if self._ft is not None:
+                self._ft.keep(i, grad)
+                self._ft.guard(self.engine.grad_ready, i, grad.data_ptr() if grad.numel() else None)
+                return
             self.engine.grad_ready(i, grad.data_ptr() if grad.numel() else None)
         return hook
 
@@ -210,7 +239,10 @@ class DistributedDataParallel(torch.nn.Module):
         self._pending_sync = None
         self._step_sync = sync
         self._ready[:] = 0
-        self.engine.begin(sync)
+        if self._ft is not None:
+            self._ft.begin_backward(sync)
+        else:
+            self.engine.begin(sync)
         self._stepped = True
         self._in_backward = True
         _execution_engine.queue_callback(self._end_backward)
@@ -220,7 +252,11 @@ class DistributedDataParallel(torch.nn.Module):
         created = []
         if self._step_sync and self.find_unused_parameters:
             created = self._report_unused()
-        self.engine.end()
+        if self._ft is not None:
+            self._ft.guard(self.engine.end)
+            self._ft.end_backward(self._step_sync)
+        else:
+            self.engine.end()
         if self.overlap_forward and self._step_sync:
             if self._overlapped is None:
                 # No overlapped optimizer: the caller reads gradients after backward, as usual.
@@ -233,7 +269,7 @@ class DistributedDataParallel(torch.nn.Module):
                 for i in created:
                     if i in self.unused_parameters:
                         self._params[i].grad = None  # unused everywhere: as torch's DDP leaves it
-            if self.gradient_as_bucket_view and self.static_graph:
+            if self.gradient_as_bucket_view and self.static_graph and (self._ft is None or self._ft.failure is None):
                 self._refresh_views()
 
     def _report_unused(self):
@@ -255,9 +291,17 @@ class DistributedDataParallel(torch.nn.Module):
             elif p.grad is None:
                 p.grad = torch.zeros_like(p)
                 created.append(i)
-            self.engine.grad_ready(i, p.grad.data_ptr() if p.numel() else None)
+            if self._ft is not None:
+                self._ft.keep(i, p.grad)
+                self._ft.guard(self.engine.grad_ready, i, p.grad.data_ptr() if p.numel() else None)
+            else:
+                self.engine.grad_ready(i, p.grad.data_ptr() if p.numel() else None)
         used = self._ready.copy()
-        self._comm.allreduce(used, op="max")
+        if self._ft is not None:
+            if self._ft.guard(self._comm.allreduce, used, None, "max") is None:
+                return created  # failed: the recovery redoes the used-map
+        else:
+            self._comm.allreduce(used, op="max")
         self.unused_parameters = [int(i) for i in np.flatnonzero(used == 0)]
         return created
 
@@ -302,6 +346,9 @@ class DistributedDataParallel(torch.nn.Module):
                 if enable:
                     if ddp.overlap_forward:
                         raise ValueError("libcomm DDP: join() does not work with overlap_forward=True")
+                    if ddp._ft is not None:
+                        raise ValueError("libcomm DDP: join() does not work with fault_tolerant=True "
+                                         "(a rank that ran out of batches cannot redo a step)")
                     ddp._joining = True
                 return ddp
 
@@ -369,15 +416,20 @@ class DistributedDataParallel(torch.nn.Module):
             raise RuntimeError("libcomm DDP: register_comm_hook must be called before the first backward")
         if not callable(hook):
             raise TypeError(f"libcomm DDP: register_comm_hook: the hook {hook!r} is not callable")
+        if self._ft is not None and state is not None:
+            raise ValueError("libcomm DDP: fault_tolerant=True takes comm hooks without state only "
+                             f"(state=None, as allreduce_hook and the compress hooks): a state such as "
+                             f"{type(state).__name__} (PowerSGD's error feedback and warm start) is per "
+                             "rank and already updated by a step that a failure makes the survivors redo")
         if not hasattr(self.engine, "set_reduce_hook"):
             raise NotImplementedError(f"libcomm DDP: the engine {type(self.engine).__name__} has no reduce hooks")
         # The engine takes its hook before finalize: a new engine replaces the one made at wrap
         # time (collective, as this call is on every rank). Views' values survive the swap.
         self._hook_comm = self._user_comm.dup()
-        params, comm = self._params, self._hook_comm
+        params, ddp = self._params, self
 
         def reduce(args):
-            bucket = GradBucket(args, params, comm)
+            bucket = GradBucket(args, params, ddp._hook_comm)  # rebuilt after a shrink
             out = hook(state, bucket)
             if isinstance(out, torch.futures.Future):
                 out = out.wait()
@@ -400,7 +452,58 @@ class DistributedDataParallel(torch.nn.Module):
         self.engine = None
         old.destroy()
         self._make_engine(reduce)
+        self._reduce_hook = reduce
         self._comm_hook = (state, hook)
+
+    # ---- fault_tolerant=True (fault_tolerance.py) ----
+    def should_commit(self):
+        """After each synced backward: True once this step's gradients, averaged over the ranks that
+        are still members, are in every p.grad alike (a failed step is redone on the survivors
+        first); then call optimizer.step(). Raises FaultToleranceError when this rank must exit."""
+        if self._ft is None:
+            raise ValueError("libcomm DDP: should_commit() needs DistributedDataParallel(..., fault_tolerant=True)")
+        return self._ft.should_commit()
+
+    def step(self, optimizer, scheduler=None):
+        """should_commit(), then optimizer.step() and scheduler.step() (when given), then the step
+        boundary, where ranks waiting to join are admitted."""
+        committed = self.should_commit()
+        if committed:
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            self._ft.boundary()
+        return committed
+
+    def register_state(self, optimizer=None, scheduler=None, sampler=None, **more):
+        """fault_tolerant: what a joining rank receives beside the parameters and buffers (each
+        an object with state_dict()/load_state_dict(), or a sampler with an epoch), and what every
+        rank hashes after a join. Every rank calls it with the same names, after the wrap (and
+        register_comm_hook); on a joiner it receives the state at once."""
+        if self._ft is None:
+            raise ValueError("libcomm DDP: register_state() needs DistributedDataParallel(..., fault_tolerant=True)")
+        self._ft.register(dict(optimizer=optimizer, scheduler=scheduler, sampler=sampler, **more))
+
+    @property
+    def comm(self):
+        """The communicator of the members now (after a shrink, the shrunk one: the one passed in
+        was destroyed)."""
+        return self._user_comm
+
+    @property
+    def committed_steps(self):
+        return None if self._ft is None else self._ft.step
+
+    @property
+    def joins(self):
+        """fault_tolerant: one dict per admission of joiners (step, size, seconds; joined=True on
+        the joiner's side)."""
+        return [] if self._ft is None else list(self._ft.joins)
+
+    @property
+    def recoveries(self):
+        """fault_tolerant: one dict per recovery (step, failed ranks, size, seconds, outcome)."""
+        return [] if self._ft is None else list(self._ft.recoveries)
 
     def overlap_optimizer(self, optimizer):
         """The optimizer, deferred per module (overlap_forward=True): see the module docstring."""
@@ -434,162 +537,3 @@ class DistributedDataParallel(torch.nn.Module):
             self.close()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
-
-
-
-
-_live_overlapped = weakref.WeakSet()
-
-
-class _OverlappedOptimizer:
-    """An optimizer whose step() is applied per module, in that module's forward pre-hook, once
-    the module's reduced gradients are in (engine.wait). Every other attribute is the optimizer's."""
-
-    def __init__(self, ddp, optimizer):
-        self._ddp = ddp
-        self.optimizer = optimizer
-        self._index = {id(p): i for i, p in enumerate(ddp._params)}
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if id(p) not in self._index:
-                    raise ValueError("libcomm DDP: overlap_optimizer: the optimizer holds a parameter the "
-                                     "model does not (or one without requires_grad)")
-        self._owed = {}        # id(p) -> p: stepped by the optimizer, update not applied yet
-        self._zero_owed = None  # None, or set_to_none of a deferred zero_grad
-        self._hooks = []
-        self._groups = []  # each hooked module's parameters, in module order
-        seen = set()
-        for module in ddp.module.modules():
-            mine = [p for p in module.parameters(recurse=False) if id(p) in self._index and id(p) not in seen]
-            seen.update(id(p) for p in mine)
-            if mine:
-                self._groups.append(mine)
-                self._hooks.append(module.register_forward_pre_hook(self._make_pre_hook(mine)))
-        _live_overlapped.add(self)
-        _patch_clip_grad_norm()
-
-    def __getattr__(self, name):
-        return getattr(self.optimizer, name)
-
-    def _make_pre_hook(self, params):
-        def pre_hook(*_unused):
-            if not self._owed:
-                return
-            mine = [p for p in params if id(p) in self._owed]
-            if mine and not self._arrived(mine):
-                self._apply_arrived_meanwhile(mine)
-            self._apply(mine)
-        return pre_hook
-
-    def _arrived(self, params):
-        return all(self._ddp.engine.test(self._index[id(p)]) for p in params)
-
-    def _apply_arrived_meanwhile(self, waiting_for):
-        """While this module's gradients are still on the wire, updates the modules (later in the
-        forward) whose gradients have all arrived, so that their updates are off the critical path
-        when the last gradients land. Stops as soon as the awaited ones are in."""
-        waiting = {id(p) for p in waiting_for}
-        for group in self._groups:
-            owed = [p for p in group if id(p) in self._owed and id(p) not in waiting]
-            if not owed or not self._arrived(owed):
-                continue
-            self._apply(owed)
-            if self._arrived(waiting_for):
-                return
-
-    def _apply(self, params):
-        """Waits for these parameters' gradients, runs the optimizer on them alone, and the
-        deferred zero_grad after."""
-        if not params:
-            return
-        for p in params:
-            self._ddp.engine.wait(self._index[id(p)])
-        chosen = {id(p) for p in params}
-        saved = [g["params"] for g in self.optimizer.param_groups]
-        try:
-            for g in self.optimizer.param_groups:
-                g["params"] = [p for p in g["params"] if id(p) in chosen]
-            self.optimizer.step()
-        finally:
-            for g, ps in zip(self.optimizer.param_groups, saved):
-                g["params"] = ps
-        for p in params:
-            del self._owed[id(p)]
-            if self._zero_owed is not None:
-                _zero(p, self._zero_owed)
-        if not self._owed:
-            self._zero_owed = None
-            self._ddp._in_flight = False
-
-    def step(self, closure=None):
-        if closure is not None:
-            raise ValueError("libcomm DDP: an overlapped optimizer's step() takes no closure (it runs "
-                             "per module, in the next forward)")
-        self.flush()  # a step not followed by a forward yet: apply it first
-        for g in self.optimizer.param_groups:
-            for p in g["params"]:
-                if p.grad is not None:
-                    self._owed[id(p)] = p
-
-    def zero_grad(self, set_to_none=False):
-        later = set(self._owed)
-        for g in self.optimizer.param_groups:
-            for p in g["params"]:
-                if id(p) not in later:
-                    _zero(p, set_to_none)
-        if later:
-            self._zero_owed = set_to_none
-
-    def flush(self):
-        """Applies every owed update now (before saving, evaluating, or the next backward)."""
-        if self._owed:
-            self._apply(list(self._owed.values()))
-        self._ddp._in_flight = False
-
-    def state_dict(self):
-        self.flush()
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state):
-        self.flush()
-        self.optimizer.load_state_dict(state)
-
-
-def _zero(p, set_to_none):
-    """What torch's Optimizer.zero_grad does to one parameter."""
-    if p.grad is None:
-        return
-    if set_to_none:
-        p.grad = None
-    else:
-        if p.grad.grad_fn is not None:
-            p.grad.detach_()
-        else:
-            p.grad.requires_grad_(False)
-        p.grad.zero_()
-
-
-_clip_patched = False
-
-
-def _patch_clip_grad_norm():
-    """Global-norm clipping needs every gradient: refuse it while an overlapped step is in flight."""
-    global _clip_patched
-    if _clip_patched:
-        return
-    _clip_patched = True
-    original = torch.nn.utils.clip_grad_norm_
-
-    def clip_grad_norm_(parameters, *args, **kwargs):
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        ids = {id(p) for p in params}
-        for opt in list(_live_overlapped):
-            if opt._ddp._in_flight and ids & set(opt._index):
-                raise RuntimeError(
-                    "libcomm DDP overlap_forward: clip_grad_norm_ needs every reduced gradient, but this step's "
-                    "gradients are still arriving (they are applied per layer in the next forward); use "
-                    "overlap_forward=False to clip by the global norm")
-        return original(params, *args, **kwargs)
-
-    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-    torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_

@@ -105,10 +105,22 @@ Status SocketTransport::check_idle() {
 
 // A connection that closed as a death (not garbage) or whose peer hung up without the GOODBYE of
 // comm_destroy: poll() sees a FIN or a reset at once, also on a failed transport that reads no more.
+// Also a connected peer silent past the silence rule (check_idle's): stopped or hung. A
+// communicator that carries no calls (the DDP wrapper's, python/libcomm/fault_tolerance.py, agrees
+// on its own) has no hang trace, and without this its agreement waited one more timeout for a
+// SIGSTOPped rank that its heartbeats had already shown silent.
 void SocketTransport::lost_peers(std::vector<int>* out) {
   Entry entry(*this);
+  const Clock::time_point now = Clock::now();
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
+    const Connection& c0 = conn(p, 0);
+    if (heartbeat_.count() != 0 && !c0.closed && c0.fd.valid() && !c0.said_goodbye && c0.state != RecvState::kStashed &&
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]).count() >=
+            silence_limit_ms()) {
+      out->push_back(p);
+      continue;
+    }
     bool lost = false;
     for (int k = 0; k < nconns_ && !lost; ++k) {
       Connection& c = conn(p, k);

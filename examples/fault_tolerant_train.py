@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""Training that survives a lost rank: libcomm's DDP with fault_tolerant=True (issue 35).
+
+The MLP of bench/engine_bench_mlp.py (SGD with momentum, an LR schedule) trained for --steps steps:
+
+    comm-run -n 4 --bind none -- /usr/bin/python3 examples/fault_tolerant_train.py --steps 50
+    tools/netsim/netsim --hosts 4 -- /usr/bin/python3 examples/fault_tolerant_train.py
+
+Kill a rank while it trains (a launcher that ends the job on the first death, as comm-run without
+--replace-failed does, ends it too: start the ranks yourself, as tests/python/test_fault_tolerant.py
+does, or with comm-run --replace-failed). The survivors agree on the failed rank, shrink, redo the
+step it broke and go on; every rank ends with
+
+    [R] final step N params <sha256 of the parameters>
+
+R being its rank at the end, N the committed steps: equal on every survivor, as is the hash.
+With --log-every K each rank also prints `[R] step S loss L` every K steps, and
+`# [R] recovered at step S: ...` after each recovery. --kill-rank R --kill-step S makes rank R
+SIGKILL itself at the start of step S (for a quick look without a test driver).
+"""
+
+import argparse
+import hashlib
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+
+
+def say(line):
+    """One write per line: the ranks share stdout, and a pipe keeps writes up to 4 KiB whole."""
+    os.write(1, (line + "\n").encode())
+
+
+def params_sha256(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Sampler:
+    """The data's position (a joiner continues from it): batches are a function of (seed,
+    position, rank at start), so a redone step sees the same batch."""
+
+    def __init__(self):
+        self.position = 0
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--depth", type=int, default=3, help="hidden width x width layers")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=0)
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds of sleep per step (a slower job to kill)")
+    ap.add_argument("--until-size", type=int, default=0,
+                    help="after --steps, go on until the job has this many ranks again (a replacement joined)")
+    ap.add_argument("--max-steps", type=int, default=2000, help="with --until-size: stop there anyway")
+    ap.add_argument("--after-join", type=int, default=5, help="steps trained after the last join")
+    ap.add_argument("--init-method", default=None, help="e.g. file:///DIR: a job store that outlives rank 0 "
+                    "(with env://, the default, rank 0's process serves it and the survivors of its death cannot agree)")
+    ap.add_argument("--kill-rank", type=int, default=-1)
+    ap.add_argument("--kill-step", type=int, default=-1)
+    args = ap.parse_args(argv)
+
+    import torch
+    import libcomm
+    from libcomm.fault_tolerance import FaultToleranceError
+    from libcomm.torch_ddp import DistributedDataParallel
+    from engine_bench_mlp import mlp
+
+    torch.set_num_threads(1)
+    comm = libcomm.Communicator(init_method=args.init_method)
+    me = comm.rank  # the rank at start names this process in every line
+    torch.manual_seed(args.seed)
+    model = mlp(args.width, args.depth, args.width, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, args.steps // 3), gamma=0.5)
+    ddp = DistributedDataParallel(model, comm, fault_tolerant=True)
+    sampler = Sampler()
+    # A replacement started with COMM_JOIN=1 receives all this here (and the step, the
+    # parameters, the RNG states); the members send it when they admit it, at a step boundary.
+    ddp.register_state(optimizer=opt, scheduler=sched, sampler=sampler)
+    if os.environ.get("COMM_JOIN") == "1":
+        say(f"# [{me}] joined at step {ddp.committed_steps}, {ddp.comm.size} ranks")
+    seen = 0
+    try:
+        def more():  # the same answer on every member, the joiner's too: all checked after ddp.step()
+            done = ddp.committed_steps
+            if done < args.steps:
+                return True
+            if ddp.joins and done < ddp.joins[-1]["step"] + args.after_join:
+                return True
+            return ddp.comm.size < args.until_size and done < args.max_steps
+        while more():
+            step = sampler.position
+            t0 = time.monotonic()
+            if step == args.kill_step and me == args.kill_rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+            # The batch is a function of (seed, step, rank at start): a redone step uses the same.
+            g = torch.Generator().manual_seed(args.seed * 1000003 + sampler.position * 1009 + me)
+            x = torch.randn(args.batch, args.width, generator=g)
+            y = torch.randn(args.batch, 16, generator=g)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()  # a failed all-reduce is recorded here, not raised
+            ddp.step(opt, sched)  # the commit vote; after a failure, agree, shrink, redo
+            sampler.position += 1
+            for r in ddp.recoveries[seen:]:
+                say(f"# [{me}] recovered at step {r['step']}: failed {r['failed']} in the {r['phase']}, "
+                    f"now {r.get('size')} ranks, step took {time.monotonic() - t0:.3f} s, recovery "
+                    f"{r.get('seconds', 0):.3f} s ({' '.join(f'{k} {v:.3f}' for k, v in r.get('parts', {}).items())}), "
+                    f"{r.get('outcome')}")
+            seen = len(ddp.recoveries)
+            if args.log_every and step % args.log_every == 0:
+                say(f"[{me}] step {step} loss {loss.item():.6f} size {ddp.comm.size} took {time.monotonic() - t0:.3f}")
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+    except FaultToleranceError as e:
+        say(f"# [{me}] stops: {str(e).splitlines()[0]}")
+        return 3
+    say(f"[{ddp.comm.rank}] final step {ddp.committed_steps} params {params_sha256(model)}")
+    ddp.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""One rank of test_fault_tolerant.py: examples/fault_tolerant_train.py, with two test-only faults.
+
+FT_VOTE_FAIL=R:S: on the rank that starts as R, step S's commit vote completes and then raises
+RemoteError, as a failure's report can fail on one rank an operation the others completed
+(docs/design.md, "Which calls a failure fails"): the others commit step S and go on, this rank
+must commit it too, not redo it. FT_DDP_KW='{"gradient_as_bucket_view": true, ...}': the wrapper's
+options; FT_HOOK=allreduce: with libcomm.comm_hooks.allreduce_hook registered. FT_REFUSE=1: the
+refusals of fault_tolerant=True instead."""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import libcomm  # noqa: E402
+from libcomm import errors  # noqa: E402
+from libcomm.fault_tolerance import FaultTolerance  # noqa: E402
+
+
+def fail_vote(rank, step):
+    original = FaultTolerance.should_commit
+
+    def should_commit(self):
+        comm = self.ddp._comm
+        if self.step == step and int(os.environ["RANK"]) == rank and comm.size == int(os.environ["WORLD_SIZE"]):
+            real = comm.allreduce
+
+            def allreduce(*args, **kwargs):
+                real(*args, **kwargs)
+                del comm.allreduce
+                raise errors.RemoteError(f"rank {comm.rank}: test fault: the vote of step {step} "
+                                         "completed, reported as failed", errors.REMOTE)
+            comm.allreduce = allreduce
+        return original(self)
+    FaultTolerance.should_commit = should_commit
+
+
+def refusals():
+    import torch
+    from libcomm.comm_hooks import PowerSGDState, allreduce_hook, powerSGD_hook
+    from libcomm.torch_ddp import DistributedDataParallel
+
+    def expect(fn, text):
+        try:
+            fn()
+        except ValueError as e:
+            assert text in str(e), f"{e!r} lacks {text!r}"
+            return
+        raise AssertionError(f"no ValueError with {text!r}")
+
+    comm = libcomm.Communicator(init_method=os.environ.get("FT_INIT_METHOD"))
+    model = torch.nn.Linear(8, 8)
+    expect(lambda: DistributedDataParallel(model, comm, fault_tolerant=True, overlap_forward=True),
+           "cannot keep overlap_forward=True")
+    ddp = DistributedDataParallel(model, comm, fault_tolerant=True)
+    expect(lambda: ddp.register_comm_hook(PowerSGDState(), powerSGD_hook), "PowerSGD")
+    expect(lambda: ddp.join().__enter__(), "fault_tolerant=True")
+    ddp.register_comm_hook(None, allreduce_hook)  # stateless: accepted
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        ddp(torch.ones(4, 8)).sum().backward()
+        assert ddp.step(opt)
+    try:
+        ddp(torch.ones(4, 8)).sum().backward()
+        ddp(torch.ones(4, 8))  # no commit in between
+    except RuntimeError as e:
+        assert "should_commit" in str(e), e
+    else:
+        raise AssertionError("a forward after an uncommitted step was not refused")
+    plain = DistributedDataParallel(torch.nn.Linear(8, 8), comm)
+    expect(plain.should_commit, "fault_tolerant=True")
+    print(f"[{comm.rank}] refusals ok", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("FT_REFUSE") == "1":  # (its --init-method is FT_INIT_METHOD's)
+        sys.exit(refusals())
+    if os.environ.get("FT_VOTE_FAIL"):
+        r, s = os.environ["FT_VOTE_FAIL"].split(":")
+        fail_vote(int(r), int(s))
+    if os.environ.get("FT_DDP_KW") or os.environ.get("FT_HOOK"):
+        from libcomm import comm_hooks, torch_ddp
+        plain, kw = torch_ddp.DistributedDataParallel, json.loads(os.environ.get("FT_DDP_KW") or "{}")
+
+        def wrap(*args, **kwargs):
+            ddp = plain(*args, **dict(kwargs, **kw))
+            if os.environ.get("FT_HOOK") == "allreduce":
+                ddp.register_comm_hook(None, comm_hooks.allreduce_hook)
+            return ddp
+        torch_ddp.DistributedDataParallel = wrap
+    import fault_tolerant_train
+    sys.exit(fault_tolerant_train.main())
