@@ -12,7 +12,7 @@ collectives are skipped (backward still runs, locally), and should_commit() reco
    the engine (which runs on its own duplicate) and a comm hook's communicator are rebuilt on the
    shrunk one.
 2. They exchange (committed steps, phase of the failure, whether this rank's reduction completed).
-   A failure can fail an operation on one rank that another completed (docs/design.md, "Which
+   A failure can fail an operation on one rank that another completed (docs/design/core.md, "Which
    calls a failure fails"), so one rank may have seen the vote pass and applied step s while
    another's vote failed. A vote passes only when every rank voted, and a rank votes only after its
    own reduction completed; so a survivor that is one step ahead proves every survivor holds step
@@ -77,7 +77,7 @@ class FaultTolerance:
     def connect_all(self):
         """The agreement runs on the wrapper's base communicator, which carries no data, and a
         rank learns a SIGKILLed peer's death fastest from its own connection to it closing
-        (docs/design.md, "Agreeing on the failed ranks"); the socket transport connects a pair on
+        (docs/design/core.md, "Agreeing on the failed ranks"); the socket transport connects a pair on
         first use (transports/socket/mesh.h), so one tiny all-to-all connects every pair now.
         Without it the decider waits COMM_TIMEOUT_MS for a dead rank on another host."""
         comm = self.ddp._user_comm
@@ -201,7 +201,7 @@ class FaultTolerance:
             parts[name] = parts.get(name, 0.0) + now - t
             t = now
         # First the wrapper's communicator goes (aborted, then destroyed: its sockets close, with
-        # no goodbye): a peer that completed what failed here (docs/design.md, "Which calls a
+        # no goodbye): a peer that completed what failed here (docs/design/core.md, "Which calls a
         # failure fails") may wait in the vote for this rank, which will not come; the close fails
         # it now instead of at its timeout, and the agreement needs it. The engine stays until
         # after the agreement: its graceful destroy would say goodbye to peers still in its step.

@@ -2,7 +2,7 @@
 
 FT_VOTE_FAIL=R:S: on the rank that starts as R, step S's commit vote completes and then raises
 RemoteError, as a failure's report can fail on one rank an operation the others completed
-(docs/design.md, "Which calls a failure fails"): the others commit step S and go on, this rank
+(docs/design/core.md, "Which calls a failure fails"): the others commit step S and go on, this rank
 must commit it too, not redo it. FT_DDP_KW='{"gradient_as_bucket_view": true, ...}': the wrapper's
 options; FT_HOOK=allreduce: with libcomm.comm_hooks.allreduce_hook registered. FT_REFUSE=1: the
 refusals of fault_tolerant=True instead."""
