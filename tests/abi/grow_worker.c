@@ -10,7 +10,7 @@
  *   grow_worker train    under comm-run --replace-failed (tests/tools/test_comm_run_replace.sh).
  *
  * Lines: STARTED, ITER i, SHRINK status rank size, GROW status rank size, INIT status rank size,
- * RESULT ok|bad, NULLS n, WAITUS us, GROWMS ms, MSG text, DONE status, FINAL step rank size. */
+ * RESULT ok|bad, ARENA ok|bad, NULLS n, WAITUS us, GROWMS ms, MSG text, DONE status, FINAL step rank size. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdio.h>
@@ -57,6 +57,36 @@ static int check_allreduce(comm_t c) {
   int ok = 1;
   for (int i = 0; i < kCount; ++i) ok = ok && buf[i] == want;
   printf("RESULT %s\n", ok ? "ok" : "bad");
+  return 1;
+}
+
+/* Large all-reduces (past the shared-memory slots: docs/design/core.md, "Growing a communicator"),
+ * in place on comm_mem_alloc buffers (read in place from the grown communicator's arenas) and on
+ * plain memory (staged in them). A joiner in a dead rank's slot has a lower world rank than the
+ * members after it; its peers once found no arena for it and refused these ("exposed a buffer
+ * outside its arena", transports/shm/setup.cc). Line: ARENA ok|bad. */
+static int check_large_allreduce(comm_t c) {
+  enum { kCount = 1 << 20 };
+  int rank = -1, size = 0;
+  comm_rank(c, &rank);
+  comm_size(c, &size);
+  void* arena = NULL;
+  comm_status_t st = comm_mem_alloc(c, kCount * sizeof(float), &arena);
+  if (st != COMM_OK) return fail("comm_mem_alloc on the grown communicator", st);
+  float* heap = malloc(kCount * sizeof(float));
+  if (heap == NULL) return fail("malloc", COMM_ERR_SYSTEM);
+  const float want = (float)(size * (size + 1) / 2);
+  int ok = 1;
+  for (int round = 0; round < 2 && st == COMM_OK; ++round) {
+    float* buf = round == 0 ? (float*)arena : heap;
+    for (int i = 0; i < kCount; ++i) buf[i] = (float)(rank + 1);
+    st = comm_allreduce(c, buf, buf, kCount, COMM_FLOAT32, COMM_SUM, NULL);
+    for (int i = 0; st == COMM_OK && i < kCount; ++i) ok = ok && buf[i] == want;
+  }
+  free(heap);
+  comm_mem_free(c, arena);
+  if (st != COMM_OK) return fail("large allreduce on the grown communicator", st);
+  printf("ARENA %s\n", ok ? "ok" : "bad");
   return 1;
 }
 
@@ -124,6 +154,7 @@ static int member(void) {
   fflush(stdout);
   if (st != COMM_OK || big == NULL) return fail("comm_grow", st != COMM_OK ? st : COMM_ERR_TIMEOUT);
   if (!check_allreduce(big)) return 0;
+  if (!check_large_allreduce(big)) return 0;
   if (!check_dup(big)) return 0;
   if (!check_allreduce(small)) return 0; /* the communicator it grew from stays usable */
   comm_destroy(big);
@@ -144,6 +175,7 @@ static int joiner(void) {
   fflush(stdout);
   if (st != COMM_OK) return fail("comm_init with COMM_JOIN=1", st);
   if (!check_allreduce(c)) return 0;
+  if (!check_large_allreduce(c)) return 0;
   if (!check_dup(c)) return 0;
   comm_destroy(c);
   printf("DONE 0\n");

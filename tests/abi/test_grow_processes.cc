@@ -1,7 +1,7 @@
 // comm_grow in real processes (issue 35, "comm_grow"): 4 ranks, one SIGKILLed; the survivors
 // agree, shrink, and admit a joiner (a process started with the job's environment plus
 // COMM_JOIN=1, in the dead rank's slot) through comm_grow; an all-reduce on the grown
-// communicator and on its comm_dup is right on all 4, and the communicator it grew from still works. Over sockets
+// communicator (small, and large on comm_mem_alloc and plain buffers) and on its comm_dup is right on all 4, and the communicator it grew from still works. Over sockets
 // (COMM_GROW_WAITING polled, and an explicit count), shared memory, the routed transport, and TLS with
 // COMM_AUTH_TOKEN; a joiner with other settings is refused. comm_grow(COMM_GROW_WAITING) with nobody
 // waiting gives NULL on every member; a joiner that cannot reach the job's store fails, naming the
@@ -92,6 +92,7 @@ void kill_shrink_grow(const std::string& transport, const Env& extra, bool bad_j
     CHECK(g->rank == expected++);  // members keep their order
     CHECK(g->size == n);
     CHECK(out.find("RESULT bad") == std::string::npos);
+    CHECK(line_after(out, "ARENA ").value_or("missing") == "ok");
     CHECK(line_after(out, "DONE ").value_or("missing") == "0");
   }
   if (bad_joiner_first) {
@@ -109,6 +110,7 @@ void kill_shrink_grow(const std::string& transport, const Env& extra, bool bad_j
   CHECK(j->rank == n - 1);  // joiners come after the members
   CHECK(j->size == n);
   CHECK(line_after(out, "RESULT ").value_or("missing") == "ok");
+  CHECK(line_after(out, "ARENA ").value_or("missing") == "ok");  // large calls: grow_worker.c, check_large_allreduce
   CHECK(line_after(out, "DONE ").value_or("missing") == "0");
 }
 

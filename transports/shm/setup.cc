@@ -137,6 +137,12 @@ Status connect_shm(const Options& options, const ShmConfig& config, std::shared_
       dc.secret = options.secret;
       dc.world_rank = world_of(options.rank);
       for (int r : local) dc.local_world_ranks.push_back(world_of(r));
+      // Domain::index_of_world searches them in order (transports/shm/domain.h, DomainConfig),
+      // but a grown communicator's are not: a joiner in a dead rank's slot comes last with a
+      // lower world rank (libcomm/src/grow.cc, describe; docs/design/core.md, "Growing a
+      // communicator"). Unsorted, its peers found no arena for it (index -1) and refused its
+      // large calls: "exposed a buffer outside its arena".
+      std::sort(dc.local_world_ranks.begin(), dc.local_world_ranks.end());
       dc.arena_bytes = static_cast<size_t>(arena);
       dc.cma_allowed = cma != 0;
       dc.label = label;
