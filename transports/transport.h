@@ -269,6 +269,11 @@ class Transport {
   // without comm_destroy's goodbye), also after it failed; never blocks, appends ascending.
   // comm_agree_failed publishes them as this rank's suspicions (libcomm/src/agree.cc).
   virtual void lost_peers(std::vector<int>* out) { (void)out; }
+  // The same without judging silence: a process gone, a connection closed. For a rank that waits
+  // in the agreement and looks again (libcomm/src/agree.cc, refresh_suspicions): no call reads
+  // the heartbeats then (a failed socket transport reads none), so a silence seen then proves
+  // nothing. The transports without a silence rule have nothing to leave out.
+  virtual void closed_peers(std::vector<int>* out) { lost_peers(out); }
 
   // Whether a peer's report of a failure in the operation of order `report` fails a wait on an
   // operation of order `op`: the reporter sent all its data of earlier operations before its

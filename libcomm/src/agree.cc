@@ -12,6 +12,9 @@
 // start the next round, whose decider is again ticket 1 there.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <iterator>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -29,6 +32,12 @@ namespace {
 constexpr int kRounds = 3;
 constexpr auto kPoll = std::chrono::milliseconds(20);  // the decider's look at the check-ins
 constexpr int kWhoMs = 1000;  // a checked-in rank names its ticket right after taking it
+// While a rank waits (the decider for the check-ins, the others for the verdict) it looks at its
+// transport again this often and publishes what it newly suspects: a death its transport noticed
+// only after the check-in (the FIN or reset arrived after the zero-timeout poll) still ends the
+// decider's wait, instead of costing COMM_TIMEOUT_MS (docs/design/core.md, "Agreeing on the
+// failed ranks").
+constexpr auto kRefresh = std::chrono::milliseconds(100);
 
 std::string list_text(const std::vector<int>& ranks) {
   std::string text = "[";
@@ -59,12 +68,16 @@ std::vector<int> parse_list(const std::string& text, int n) {
 }
 
 // What this rank knows failed: the peers its transport saw gone, and the ranks its hang trace
-// found stalled (a stopped rank is a suspicion until the verdict fences it).
-std::vector<int> own_suspicions(comm_t c) {
+// found stalled (a stopped rank is a suspicion until the verdict fences it). A look again while
+// the rank waits in the agreement (again) leaves silence out: transports/transport.h, closed_peers.
+std::vector<int> own_suspicions(comm_t c, bool again = false) {
   std::vector<int> out;
   if (c->transport) {
     Driving driving(c);  // the watcher uses the transport only while no thread does
-    c->transport->lost_peers(&out);
+    if (again)
+      c->transport->closed_peers(&out);
+    else
+      c->transport->lost_peers(&out);
   }
   {
     std::lock_guard<std::mutex> lock(c->state_mu);
@@ -76,36 +89,61 @@ std::vector<int> own_suspicions(comm_t c) {
   return out;
 }
 
+// Adds what this rank suspects now to *mine; true if that added a rank.
+bool refresh_suspicions(comm_t c, std::vector<int>* mine) {
+  std::vector<int> now = own_suspicions(c, true), merged;
+  std::set_union(mine->begin(), mine->end(), now.begin(), now.end(), std::back_inserter(merged));
+  if (merged.size() == mine->size()) return false;
+  *mine = std::move(merged);
+  return true;
+}
+
 struct Verdict {
   bool quorum = false;
   std::vector<int> failed;  // quorum: the failed ranks; else the ranks that checked in
 };
 
 // Ticket 1: reads the check-ins in ticket order until every rank is in or suspected by a rank
-// that is, or the timeout passes; the rest failed.
-Status decide(comm_t c, Store& store, const std::vector<int>& mine, std::string* verdict) {
+// that is, or the timeout passes; the rest failed. A checked-in rank may widen its suspicions
+// while it waits (refresh_suspicions), so the check-ins are read again every kRefresh, and so are
+// the decider's own.
+Status decide(comm_t c, Store& store, std::vector<int>* mine, std::string* verdict) {
   const int n = c->size;
   std::vector<bool> in(static_cast<size_t>(n), false), suspected(static_cast<size_t>(n), false);
   in[static_cast<size_t>(c->rank)] = true;
-  for (int r : mine) suspected[static_cast<size_t>(r)] = true;
   const Deadline deadline = Deadline::after_ms(c->settings.timeout_ms);
   int64_t next = 2;
+  std::vector<int> checked_in;  // the others, in ticket order
+  auto read_in = [&](int r) {
+    std::string theirs;
+    if (store.get("in/" + std::to_string(r), &theirs, Deadline::after_ms(kWhoMs)).ok())
+      for (int s : parse_list(theirs, n)) suspected[static_cast<size_t>(s)] = true;
+  };
+  Clock::time_point next_refresh = Clock::now() + kRefresh;
   for (;;) {
+    for (int r : *mine) suspected[static_cast<size_t>(r)] = true;
     int64_t tickets = 0;
     COMM_RETURN_IF_ERROR(store.add("tickets", 0, &tickets));
     for (; next <= tickets; ++next) {
-      std::string who, theirs;
+      std::string who;
       if (!store.get("who/" + std::to_string(next), &who, Deadline::after_ms(kWhoMs)).ok()) continue;  // died there
       const std::vector<int> r = parse_list(who, n);
-      if (r.size() != 1) continue;
+      if (r.size() != 1 || in[static_cast<size_t>(r[0])]) continue;
       in[static_cast<size_t>(r[0])] = true;
-      if (store.get("in/" + std::to_string(r[0]), &theirs, Deadline::after_ms(kWhoMs)).ok())
-        for (int s : parse_list(theirs, n)) suspected[static_cast<size_t>(s)] = true;
+      checked_in.push_back(r[0]);
+      read_in(r[0]);
     }
     bool accounted = true;
     for (int r = 0; r < n; ++r) accounted = accounted && (in[static_cast<size_t>(r)] || suspected[static_cast<size_t>(r)]);
     if (accounted || deadline.expired()) break;
     std::this_thread::sleep_for(kPoll);
+    if (Clock::now() >= next_refresh) {
+      next_refresh = Clock::now() + kRefresh;
+      if (refresh_suspicions(c, mine))
+        COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed: the decider now suspects %s", c->id.c_str(), c->rank,
+                  list_text(*mine).c_str());
+      for (int r : checked_in) read_in(r);
+    }
   }
   std::vector<int> alive, failed;
   for (int r = 0; r < n; ++r) (in[static_cast<size_t>(r)] ? alive : failed).push_back(r);
@@ -115,6 +153,44 @@ Status decide(comm_t c, Store& store, const std::vector<int>& mine, std::string*
   if (quorum && !failed.empty()) grow::record_exclusions(c, failed);
   return store.set("verdict", *verdict);
 }
+
+// While a rank that is not the decider waits for the verdict: every kRefresh it asks its
+// transport again and, when it suspects more, rewrites its check-in (the decider reads them again).
+// The waiting thread does not use the transport meanwhile; a failed write only loses a refresh.
+class Refresher {
+ public:
+  Refresher(comm_t c, Store& store, std::vector<int>* mine, int round)
+      : thread_([this, c, &store, mine, round] {
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!cv_.wait_for(lock, kRefresh, [this] { return stop_; })) {
+            lock.unlock();
+            if (refresh_suspicions(c, mine)) {
+              COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed round %d: now suspects %s", c->id.c_str(), c->rank,
+                        round, list_text(*mine).c_str());
+              (void)store.set("in/" + std::to_string(c->rank), list_text(*mine), Deadline::after_ms(kWhoMs));
+            }
+            lock.lock();
+          }
+        }) {}
+  ~Refresher() { stop(); }
+  Refresher(const Refresher&) = delete;
+  Refresher& operator=(const Refresher&) = delete;
+  void stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
+};
 
 Verdict parse_verdict(const std::string& text, int n) {
   Verdict v;
@@ -133,7 +209,7 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
   if (c->size == 1) return Status::Ok();
   const int n = c->size;
   const std::string base = "comm/" + c->id + "/agree" + std::to_string(++c->agreements);
-  const std::vector<int> mine = own_suspicions(c);
+  std::vector<int> mine = own_suspicions(c);  // widened while this rank waits (refresh_suspicions)
   const int timeout_ms = c->settings.timeout_ms;
   // The decider waits up to one timeout for the check-ins; the others a half more for its verdict.
   const int verdict_ms = timeout_ms + timeout_ms / 2 + 2 * kWhoMs;
@@ -155,10 +231,16 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
     if (ticket == 1) {
       COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed decides round %d (its suspicions: %s)", c->id.c_str(),
                 c->rank, round, list_text(mine).c_str());
-      st = decide(c, *store, mine, &text);
+      st = decide(c, *store, &mine, &text);
       if (!st.ok()) return unreachable(st);
     } else {
+      // Blocks on the verdict as before (it comes the moment the decider writes it, also from a
+      // decider whose store goes with it right after); meanwhile a second thread publishes a
+      // death this rank's transport notices after the check-in, for the decider, which may be
+      // waiting for that rank.
+      Refresher refresher(c, *store, &mine, round);
       st = store->get("verdict", &text, Deadline::after_ms(verdict_ms));
+      refresher.stop();
       if (!st.ok()) {
         if (st.code() != COMM_ERR_TIMEOUT) return unreachable(st);
         COMM_WARN(kInit, "%sround %d's decider published no verdict within %d ms (did it fail during the agreement?); "

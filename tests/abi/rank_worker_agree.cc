@@ -104,9 +104,12 @@ int mode_agree() {
     }
     say("STEPFAIL " + std::to_string(step) + " " + std::to_string(st) + " " + one_line(comm_last_error(c)));
     say("TIME failed " + std::to_string(mono_ms()));
-    // ABI_AGREE_LATE_MS: world rank 0 comes to the agreement this much later, so that another
-    // rank decides it (the test kills that one: world rank 0 serves the job store).
-    if (const char* late = std::getenv("ABI_AGREE_LATE_MS"); late != nullptr && world_rank == 0)
+    // ABI_AGREE_LATE_MS: world rank ABI_AGREE_LATE_RANK (0 unless set) comes to the agreement
+    // this much later: so that another rank decides it (the test kills that one: world rank 0
+    // serves the job store), or so that the others check in before the test kills the late one.
+    const char* late_rank = std::getenv("ABI_AGREE_LATE_RANK");
+    if (const char* late = std::getenv("ABI_AGREE_LATE_MS");
+        late != nullptr && world_rank == (late_rank != nullptr ? std::atoi(late_rank) : 0))
       usleep(static_cast<useconds_t>(std::atoi(late)) * 1000);
     for (int attempt = 0;; ++attempt) {
       say("AGREEING");

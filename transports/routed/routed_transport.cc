@@ -96,6 +96,11 @@ class RoutedTransport final : public Transport {
     far_->lost_peers(out);
     std::sort(out->begin(), out->end());
   }
+  void closed_peers(std::vector<int>* out) override {
+    near_->closed_peers(out);
+    far_->closed_peers(out);
+    std::sort(out->begin(), out->end());
+  }
   uint64_t idle_failure_order() override {
     return std::max(near_->idle_failure_order(), far_->idle_failure_order());
   }

@@ -109,13 +109,14 @@ Status SocketTransport::check_idle() {
 // communicator that carries no calls (the DDP wrapper's, python/libcomm/fault_tolerance.py, agrees
 // on its own) has no hang trace, and without this its agreement waited one more timeout for a
 // SIGSTOPped rank that its heartbeats had already shown silent.
-void SocketTransport::lost_peers(std::vector<int>* out) {
+// closed_peers (judge_silence false) leaves the silence out: transports/transport.h.
+void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   Entry entry(*this);
   const Clock::time_point now = Clock::now();
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
     const Connection& c0 = conn(p, 0);
-    if (heartbeat_.count() != 0 && !c0.closed && c0.fd.valid() && !c0.said_goodbye && c0.state != RecvState::kStashed &&
+    if (judge_silence && heartbeat_.count() != 0 && !c0.closed && c0.fd.valid() && !c0.said_goodbye && c0.state != RecvState::kStashed &&
         std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]).count() >=
             silence_limit_ms()) {
       out->push_back(p);

@@ -52,7 +52,9 @@ class SocketTransport final : public Transport {
   void wake() override;
   void notify_peers(const Status& failure, uint64_t order) override;
   Status check_idle() override;
-  void lost_peers(std::vector<int>* out) override;  // heartbeat.cc
+  void lost_peers(std::vector<int>* out) override { find_lost(out, true); }  // heartbeat.cc
+  void closed_peers(std::vector<int>* out) override { find_lost(out, false); }
+  void find_lost(std::vector<int>* out, bool judge_silence);
   uint64_t idle_failure_order() override {
     Entry entry(*this);
     return Transport::idle_failure_order();
