@@ -203,10 +203,10 @@ Status fetch_verdict(const std::string& tagged_addr, bool same_host, const std::
     // A parent whose address drops packets (a firewall) costs its children at most a second,
     // not their slice (docs/topology.md, "Messy networks"): a parent on the job's network answers
     // a SYN in far less, and a child that gives up early only reads the store instead.
-    int64_t connect_ms = 4000;
-    (void)params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &connect_ms);
-    connect_ms = std::min<int64_t>(connect_ms, 1000);
-    const Deadline answered_by = Deadline::after_ms(static_cast<int>(connect_ms));
+    int connect_ms = 0;
+    (void)params::socket_connect_timeout_ms(&connect_ms);  // bad: the default (the socket transport refuses it)
+    connect_ms = std::min(connect_ms, 1000);
+    const Deadline answered_by = Deadline::after_ms(connect_ms);
     pollfd pfd{fd.get(), POLLOUT, 0};
     while (::poll(&pfd, 1, deadline.remaining_ms(100)) == 0)
       if (deadline.expired() || answered_by.expired())

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "params.h"
 #include "status.h"
 #include "store/store.h"
 
@@ -20,7 +21,7 @@ struct ReachInput {
   std::vector<int> host_of;        // every rank's host number (the verdict's)
   std::vector<std::string> table;  // every rank's published listener addresses (posix/endpoints.h); empty: none
   int timeout_ms = 0;              // COMM_TIMEOUT_MS: the round's store reads
-  int connect_timeout_ms = 4000;   // COMM_SOCKET_CONNECT_TIMEOUT_MS: one probe's handshake
+  int connect_timeout_ms = params::kSocketConnectTimeoutDefaultMs;  // COMM_SOCKET_CONNECT_TIMEOUT_MS: one probe
 };
 
 // Every rank calls it alike (what it does follows from the verdict alone). Nothing to do, and no
