@@ -13,6 +13,7 @@
 namespace comm::params {
 
 const std::vector<Param>& all() {
+  static const std::string connect_timeout_default = std::to_string(kSocketConnectTimeoutDefaultMs);
   static const std::vector<Param> table = {
       // libcomm's own
       {"COMM_DEBUG", Type::kEnum, "WARN",
@@ -105,7 +106,7 @@ const std::vector<Param>& all() {
       {"COMM_SOCKET_EAGER", Type::kInt, "0",
        "1: the socket transport connects every pair of ranks at init (a full mesh, connection errors at init); "
        "0: a peer is connected when an operation first needs it", nullptr, 0, 1},
-      {"COMM_SOCKET_CONNECT_TIMEOUT_MS", Type::kInt, "4000",
+      {"COMM_SOCKET_CONNECT_TIMEOUT_MS", Type::kInt, connect_timeout_default.c_str(),
        "how long a TCP handshake to one of a peer's addresses may go unanswered before the next address is "
        "the only hope (a firewall that drops packets); bounds the handshake only, never a busy peer's reply",
        nullptr, 100, 600000},
@@ -288,6 +289,13 @@ int64_t int_or_default(const char* name, uint32_t subsys) {
   log::write(log::Level::kWarn, subsys, "%s; using the default, %s", st.message().c_str(),
              fallback);
   return std::strtoll(fallback, nullptr, 10);
+}
+
+Status socket_connect_timeout_ms(int* out) {
+  int64_t v = kSocketConnectTimeoutDefaultMs;
+  const Status st = get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &v);  // the row's range fits an int
+  *out = st.ok() ? static_cast<int>(v) : kSocketConnectTimeoutDefaultMs;
+  return st;
 }
 
 Status get_string(const char* name, std::string* out) {

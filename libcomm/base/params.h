@@ -43,6 +43,16 @@ Status get_string(const char* name, std::string* out);                       // 
 // *present=false when unset. A malformed or out-of-range value is INVALID_ARGUMENT naming it.
 Status get_optional_int(const char* name, int64_t min, int64_t max, int64_t* out, bool* present);
 
+// COMM_SOCKET_CONNECT_TIMEOUT_MS's default, named because structs of other floors start from it
+// (transports/socket/mesh.h, libcomm/src/reachability.h); the registry's row is written from it.
+inline constexpr int kSocketConnectTimeoutDefaultMs = 4000;
+
+// COMM_SOCKET_CONNECT_TIMEOUT_MS, the one reader for every floor that dials: how long one
+// address's TCP handshake may go unanswered (a firewall that drops packets). A value out of the
+// row's range is INVALID_ARGUMENT naming it, with *out the default then: init refuses it, a dialer
+// that must not fail (the store's client, the verdict tree) ignores the error.
+Status socket_connect_timeout_ms(int* out);
+
 // "NAME=value (default|set)" and its doc, choices and range, for every knob (comm-run --params).
 std::string describe_all();
 

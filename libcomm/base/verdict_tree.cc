@@ -1,8 +1,8 @@
 // The init verdict down a binomial tree (verdict_tree.h; docs/design/base.md, "Hot keys").
 //
-// The wire, one exchange per connection: the child sends kAsk and the digest key's 64 hex
-// characters; the parent, once it has the verdict, answers only when that digest is its
-// verdict's (so the listener gives the verdict, secret included, only to whoever could read the
+// The wire, one exchange per connection: the child sends the item's tag (kAsk) and the digest
+// key's 64 hex characters; the parent, once it has that item, answers only when that digest is
+// its item's (so the listener gives the verdict, secret included, only to whoever could read the
 // digest from the store, hence the verdict itself), with an 8-byte little-endian length and the
 // bytes, and closes. It is a listener of its own, not the socket transport's: that one exists
 // only when the socket transport is likely, and its acceptor speaks the authenticated handshake.
@@ -32,9 +32,13 @@ namespace {
 
 using posix::Fd;
 
-constexpr char kAsk[8] = {'C', 'O', 'M', 'M', 'V', 'R', 'D', '1'};
-constexpr size_t kAskBytes = sizeof kAsk + 64;
-// A verdict is O(ranks) bytes (about 30 a rank); anything far larger is not one.
+// Per TreeItem, in its order.
+constexpr char kAsk[2][8] = {{'C', 'O', 'M', 'M', 'V', 'R', 'D', '1'}, {'C', 'O', 'M', 'M', 'R', 'C', 'H', '1'}};
+constexpr size_t kItems = sizeof kAsk / sizeof kAsk[0];
+constexpr size_t kTagBytes = sizeof kAsk[0];
+constexpr size_t kAskBytes = kTagBytes + 64;
+// A verdict is O(ranks) bytes (about 30 a rank), a reachability summary O(hosts) lines; anything
+// far larger is neither.
 constexpr uint64_t kMaxVerdictBytes = 64u << 20;
 
 // Writes or reads all of `n` bytes on a non-blocking socket before `deadline`.
@@ -76,8 +80,8 @@ struct VerdictServer::Impl {
   Fd wake_read, wake_write;  // a pipe: publish and the destructor wake the thread
   std::string address;
   std::mutex mu;
-  std::string verdict;  // guarded by mu; "" until published
-  std::string digest_hex;
+  std::string value[kItems];  // per TreeItem, guarded by mu; "" until published
+  std::string digest_hex[kItems];
   std::atomic<bool> stop{false};
   std::thread thread;
 
@@ -86,15 +90,19 @@ struct VerdictServer::Impl {
     (void)!::write(wake_write.get(), &b, 1);
   }
 
-  // Answers a child whose request is complete, once the verdict is here; true when done with it.
-  bool answer(Child& c, const std::string& v, const std::string& digest) {
-    if (v.empty()) return false;  // not yet: keep it
+  // Answers a child whose request is complete, once its item is here; true when done with it.
+  bool answer(Child& c, const std::string (&values)[kItems], const std::string (&digests)[kItems]) {
+    size_t item = 0;
+    while (item < kItems && std::memcmp(c.ask.data(), kAsk[item], kTagBytes) != 0) ++item;
+    const bool known = item < kItems;
+    if (known && values[item].empty()) return false;  // not yet: keep it
     if (hook == "stall") return false;  // test hook: hold every child until comm_init ends
-    if (std::memcmp(c.ask.data(), kAsk, sizeof kAsk) != 0 || c.ask.compare(sizeof kAsk, 64, digest) != 0) {
-      COMM_INFO(kInit, "rank %d: init tree: a request for another verdict, or not one, from %s: closed", rank,
-                posix::peer_address(c.fd.get()).c_str());
+    if (!known || c.ask.compare(kTagBytes, 64, digests[item]) != 0) {
+      COMM_INFO(kInit, "rank %d: init tree: a request for another verdict or summary, or not one, from %s: closed",
+                rank, posix::peer_address(c.fd.get()).c_str());
       return true;
     }
+    const std::string& v = values[item];
     std::string reply(8, '\0');
     const uint64_t n = v.size();
     for (int i = 0; i < 8; ++i) reply[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
@@ -118,11 +126,13 @@ struct VerdictServer::Impl {
         while (::read(wake_read.get(), buf, sizeof buf) > 0) {
         }
       }
-      std::string v, digest;
+      std::string values[kItems], digests[kItems];
       {
         std::lock_guard<std::mutex> lock(mu);
-        v = verdict;
-        digest = digest_hex;
+        for (size_t k = 0; k < kItems; ++k) {
+          values[k] = value[k];
+          digests[k] = digest_hex[k];
+        }
       }
       for (size_t i = 0; i < children.size();) {
         Child& c = children[i];
@@ -133,7 +143,7 @@ struct VerdictServer::Impl {
           if (k > 0) c.ask.append(buf, static_cast<size_t>(k));
           done = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
         }
-        if (!done && c.ask.size() == kAskBytes) done = answer(c, v, digest);
+        if (!done && c.ask.size() == kAskBytes) done = answer(c, values, digests);
         if (done) {
           children.erase(children.begin() + static_cast<long>(i));
           fds.erase(fds.begin() + static_cast<long>(2 + i));
@@ -177,17 +187,18 @@ VerdictServer::~VerdictServer() {
 
 const std::string& VerdictServer::address() const { return impl_->address; }
 
-void VerdictServer::publish(const std::string& verdict) {
+void VerdictServer::publish(TreeItem item, const std::string& value) {
+  const auto k = static_cast<size_t>(item);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->verdict = verdict;
-    impl_->digest_hex = hex(sha256(verdict.data(), verdict.size()));
+    impl_->value[k] = value;
+    impl_->digest_hex[k] = hex(sha256(value.data(), value.size()));
   }
   impl_->wake();
 }
 
-Status fetch_verdict(const std::string& tagged_addr, bool same_host, const std::string& digest, Deadline deadline,
-                     std::string* verdict) {
+Status fetch_verdict(TreeItem item, const std::string& tagged_addr, bool same_host, const std::string& digest,
+                     Deadline deadline, std::string* verdict) {
   if (tagged_addr.size() < 2 || (tagged_addr[0] != 'L' && tagged_addr[0] != 'R'))
     return Unavailable("it has no listener");
   if (tagged_addr[0] == 'L' && !same_host) return Unavailable("it listens on a loopback address of another host");
@@ -203,10 +214,10 @@ Status fetch_verdict(const std::string& tagged_addr, bool same_host, const std::
     // A parent whose address drops packets (a firewall) costs its children at most a second,
     // not their slice (docs/topology.md, "Messy networks"): a parent on the job's network answers
     // a SYN in far less, and a child that gives up early only reads the store instead.
-    int64_t connect_ms = 4000;
-    (void)params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &connect_ms);
-    connect_ms = std::min<int64_t>(connect_ms, 1000);
-    const Deadline answered_by = Deadline::after_ms(static_cast<int>(connect_ms));
+    int connect_ms = 0;
+    (void)params::socket_connect_timeout_ms(&connect_ms);  // bad: the default (the socket transport refuses it)
+    connect_ms = std::min(connect_ms, 1000);
+    const Deadline answered_by = Deadline::after_ms(connect_ms);
     pollfd pfd{fd.get(), POLLOUT, 0};
     while (::poll(&pfd, 1, deadline.remaining_ms(100)) == 0)
       if (deadline.expired() || answered_by.expired())
@@ -217,7 +228,7 @@ Status fetch_verdict(const std::string& tagged_addr, bool same_host, const std::
     (void)::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0) return SystemError("connect() failed: " + errno_string(err));
   }
-  std::string ask(kAsk, sizeof kAsk);
+  std::string ask(kAsk[static_cast<size_t>(item)], kTagBytes);
   ask.append(digest, 0, 64);
   COMM_RETURN_IF_ERROR(io_all(fd.get(), ask.data(), ask.size(), true, deadline, "asking"));
   unsigned char head[8];

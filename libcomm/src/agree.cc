@@ -23,6 +23,7 @@
 #include "communicator.h"
 #include "grow.h"
 #include "log.h"
+#include "rank_list.h"
 #include "store/store.h"
 #include "watch.h"
 
@@ -39,32 +40,13 @@ constexpr int kWhoMs = 1000;  // a checked-in rank names its ticket right after 
 // failed ranks").
 constexpr auto kRefresh = std::chrono::milliseconds(100);
 
-std::string list_text(const std::vector<int>& ranks) {
-  std::string text = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) text += ',';
-    text += std::to_string(ranks[i]);
-  }
-  return text + "]";
-}
-
-// "[1,3]" from the store (another rank wrote it: nothing is trusted): the ranks in [0, n).
-std::vector<int> parse_list(const std::string& text, int n) {
-  std::vector<int> out;
-  long v = -1;
-  for (char ch : text) {
-    if (ch >= '0' && ch <= '9') {
-      v = (v < 0 ? 0 : v) * 10 + (ch - '0');
-      if (v > n) v = n;  // out of range: dropped below
-    } else {
-      if (v >= 0 && v < n) out.push_back(static_cast<int>(v));
-      v = -1;
-    }
-  }
-  if (v >= 0 && v < n) out.push_back(static_cast<int>(v));
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+// A set of ranks of this communicator from the store ("[1,3]", rank_list.h): another rank wrote
+// it, so it is read strictly; sorted and without repeats, as the agreement compares sets.
+Status parse_set(const std::string& text, int n, std::vector<int>* out) {
+  COMM_RETURN_IF_ERROR(parse_rank_list(text, n, out));
+  std::sort(out->begin(), out->end());
+  out->erase(std::unique(out->begin(), out->end()), out->end());
+  return Status::Ok();
 }
 
 // What this rank knows failed: the peers its transport saw gone, and the ranks its hang trace
@@ -116,8 +98,10 @@ Status decide(comm_t c, Store& store, std::vector<int>* mine, std::string* verdi
   std::vector<int> checked_in;  // the others, in ticket order
   auto read_in = [&](int r) {
     std::string theirs;
-    if (store.get("in/" + std::to_string(r), &theirs, Deadline::after_ms(kWhoMs)).ok())
-      for (int s : parse_list(theirs, n)) suspected[static_cast<size_t>(s)] = true;
+    std::vector<int> named;  // a malformed check-in names no one (parse_set refuses it whole)
+    if (store.get("in/" + std::to_string(r), &theirs, Deadline::after_ms(kWhoMs)).ok() &&
+        parse_set(theirs, n, &named).ok())
+      for (int s : named) suspected[static_cast<size_t>(s)] = true;
   };
   Clock::time_point next_refresh = Clock::now() + kRefresh;
   for (;;) {
@@ -127,8 +111,8 @@ Status decide(comm_t c, Store& store, std::vector<int>* mine, std::string* verdi
     for (; next <= tickets; ++next) {
       std::string who;
       if (!store.get("who/" + std::to_string(next), &who, Deadline::after_ms(kWhoMs)).ok()) continue;  // died there
-      const std::vector<int> r = parse_list(who, n);
-      if (r.size() != 1 || in[static_cast<size_t>(r[0])]) continue;
+      std::vector<int> r;  // one rank ("5"): a list of one
+      if (!parse_set(who, n, &r).ok() || r.size() != 1 || in[static_cast<size_t>(r[0])]) continue;
       in[static_cast<size_t>(r[0])] = true;
       checked_in.push_back(r[0]);
       read_in(r[0]);
@@ -141,14 +125,14 @@ Status decide(comm_t c, Store& store, std::vector<int>* mine, std::string* verdi
       next_refresh = Clock::now() + kRefresh;
       if (refresh_suspicions(c, mine))
         COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed: the decider now suspects %s", c->id.c_str(), c->rank,
-                  list_text(*mine).c_str());
+                  rank_list_bracketed(*mine).c_str());
       for (int r : checked_in) read_in(r);
     }
   }
   std::vector<int> alive, failed;
   for (int r = 0; r < n; ++r) (in[static_cast<size_t>(r)] ? alive : failed).push_back(r);
   const bool quorum = 2 * alive.size() > static_cast<size_t>(n);
-  *verdict = (quorum ? "OK " : "NOQUORUM ") + list_text(quorum ? failed : alive);
+  *verdict = (quorum ? "OK " : "NOQUORUM ") + rank_list_bracketed(quorum ? failed : alive);
   // For the launcher (comm-run --replace-failed), before the verdict: it replaces the excluded.
   if (quorum && !failed.empty()) grow::record_exclusions(c, failed);
   return store.set("verdict", *verdict);
@@ -166,8 +150,9 @@ class Refresher {
             lock.unlock();
             if (refresh_suspicions(c, mine)) {
               COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed round %d: now suspects %s", c->id.c_str(), c->rank,
-                        round, list_text(*mine).c_str());
-              (void)store.set("in/" + std::to_string(c->rank), list_text(*mine), Deadline::after_ms(kWhoMs));
+                        round, rank_list_bracketed(*mine).c_str());
+              (void)store.set("in/" + std::to_string(c->rank), rank_list_bracketed(*mine),
+                              Deadline::after_ms(kWhoMs));
             }
             lock.lock();
           }
@@ -192,11 +177,13 @@ class Refresher {
   std::thread thread_;  // last: it starts once the members above exist
 };
 
-Verdict parse_verdict(const std::string& text, int n) {
-  Verdict v;
-  v.quorum = text.rfind("OK ", 0) == 0;
-  v.failed = parse_list(text.substr(std::min(text.size(), text.find(' '))), n);
-  return v;
+// "OK [failed]" or "NOQUORUM [checked in]", as decide() writes it.
+Status parse_verdict(const std::string& text, int n, Verdict* v) {
+  const std::string ok = "OK ", no_quorum = "NOQUORUM ";
+  v->quorum = text.rfind(ok, 0) == 0;
+  if (!v->quorum && text.rfind(no_quorum, 0) != 0)
+    return InvalidArgument("malformed verdict \"" + text + "\": it starts with neither \"OK \" nor \"NOQUORUM \"");
+  return parse_set(text.substr((v->quorum ? ok : no_quorum).size()), n, &v->failed);
 }
 
 }  // namespace
@@ -222,7 +209,8 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
   };
   for (int round = 0; round < kRounds; ++round) {
     std::shared_ptr<Store> store = make_prefix_store(c->job_store, base + "/r" + std::to_string(round));
-    Status st = store->set("in/" + std::to_string(c->rank), list_text(mine), Deadline::after_ms(timeout_ms));
+    Status st =
+        store->set("in/" + std::to_string(c->rank), rank_list_bracketed(mine), Deadline::after_ms(timeout_ms));
     int64_t ticket = 0;
     if (st.ok()) st = store->add("tickets", 1, &ticket);
     if (st.ok()) st = store->set("who/" + std::to_string(ticket), std::to_string(c->rank), Deadline::after_ms(timeout_ms));
@@ -230,7 +218,7 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
     std::string text;
     if (ticket == 1) {
       COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed decides round %d (its suspicions: %s)", c->id.c_str(),
-                c->rank, round, list_text(mine).c_str());
+                c->rank, round, rank_list_bracketed(mine).c_str());
       st = decide(c, *store, &mine, &text);
       if (!st.ok()) return unreachable(st);
     } else {
@@ -248,7 +236,11 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
         continue;
       }
     }
-    const Verdict v = parse_verdict(text, n);
+    Verdict v;
+    st = parse_verdict(text, n, &v);
+    if (!st.ok())
+      return RemoteError(where + "round " + std::to_string(round) + "'s decider published a verdict this rank cannot "
+                         "read (" + st.message() + "); do all ranks run the same libcomm?");
     COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed round %d: %s", c->id.c_str(), c->rank, round, text.c_str());
     const bool me_failed = v.quorum ? std::binary_search(v.failed.begin(), v.failed.end(), c->rank)
                                     : !std::binary_search(v.failed.begin(), v.failed.end(), c->rank);
@@ -257,9 +249,9 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
                          "verdict " + text + ": was it stopped, or cut off?); it is excluded from this "
                          "communicator for good and cannot rejoin it: exit (a launcher may start a new process)");
     if (!v.quorum)
-      return RemoteError(where + "only ranks " + list_text(v.failed) + " of " + std::to_string(n) + " joined the "
-                         "agreement, not a majority: this side stops, so that two sides of a split job never "
-                         "both go on");
+      return RemoteError(where + "only ranks " + rank_list_bracketed(v.failed) + " of " + std::to_string(n) +
+                         " joined the agreement, not a majority: this side stops, so that two sides of a split job "
+                         "never both go on");
     *failed = v.failed;
     return Status::Ok();
   }

@@ -169,9 +169,8 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
     reach.host_of = c->host_of;
     reach.table = c->early_listener->table;
     reach.timeout_ms = c->settings.timeout_ms;
-    int64_t connect_ms = 4000;
-    COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &connect_ms));
-    reach.connect_timeout_ms = static_cast<int>(connect_ms);
+    COMM_RETURN_IF_ERROR(params::socket_connect_timeout_ms(&reach.connect_timeout_ms));
+    reach.tree = &agreed.tree;  // the summary goes down the verdict's tree
     COMM_RETURN_IF_ERROR(prove_reachability(*c->job_store, reach));
   }
   c->world_ranks.resize(static_cast<size_t>(c->size));

@@ -1,26 +1,17 @@
 // What comm_grow's members and joiners leave in the job store for each other (grow.h: the
 // keys), and the exclusions comm_agree_failed records for the launcher. Everything read here
 // was written by another process: nothing is trusted, a malformed record is refused.
-#include <sstream>
 
 #include "grow.h"
 #include "hash.h"
 #include "init_agreement.h"
 #include "log.h"
+#include "rank_list.h"
 
 namespace comm::grow {
 namespace {
 
 constexpr char kSep = '\x1d';
-
-std::string csv(const std::vector<int>& v) {
-  std::string text;
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i > 0) text += ',';
-    text += std::to_string(v[i]);
-  }
-  return text;
-}
 
 bool parse_int(const std::string& text, long lo, long hi, int* out) {
   if (text.empty() || text.size() > 10) return false;
@@ -32,15 +23,9 @@ bool parse_int(const std::string& text, long lo, long hi, int* out) {
   return true;
 }
 
-bool parse_csv(const std::string& text, std::vector<int>* out) {
-  out->clear();
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    int v = 0;
-    if (!parse_int(item, 0, 1 << 30, &v)) return false;
-    out->push_back(v);
-  }
-  return true;
+// host_of and world_ranks: the bare spelling (rank_list.h), numbers up to 2^30 as parse_int's.
+bool parse_numbers(const std::string& text, std::vector<int>* out) {
+  return parse_rank_list(text, (1 << 30) + 1, out).ok();
 }
 
 std::vector<std::string> split(const std::string& text, char sep) {
@@ -80,7 +65,8 @@ std::string encode_answer(const Answer& a) {
   std::string addrs;
   for (const auto& w : a.world_addrs) addrs += (addrs.empty() ? "" : " ") + (w.empty() ? std::string("-") : w);
   return "OK\n" + a.id + "\n" + a.secret + "\n" + std::to_string(a.rank) + "\n" +
-         (a.local_transport_usable ? "1" : "0") + "\n" + csv(a.host_of) + "\n" + csv(a.world_ranks) + "\n" + addrs;
+         (a.local_transport_usable ? "1" : "0") + "\n" + rank_list_bare(a.host_of) + "\n" +
+         rank_list_bare(a.world_ranks) + "\n" + addrs;
 }
 
 bool decode_answer(const std::string& text, Answer* a) {
@@ -90,7 +76,7 @@ bool decode_answer(const std::string& text, Answer* a) {
   a->secret = lines[2];
   if (!parse_int(lines[3], 0, 1 << 30, &a->rank) || (lines[4] != "0" && lines[4] != "1")) return false;
   a->local_transport_usable = lines[4] == "1";
-  if (!parse_csv(lines[5], &a->host_of) || !parse_csv(lines[6], &a->world_ranks)) return false;
+  if (!parse_numbers(lines[5], &a->host_of) || !parse_numbers(lines[6], &a->world_ranks)) return false;
   if (a->host_of.size() != a->world_ranks.size() || a->rank >= static_cast<int>(a->host_of.size())) return false;
   a->world_addrs.clear();
   for (const auto& w : split(lines[7], ' ')) a->world_addrs.push_back(w == "-" ? "" : w);

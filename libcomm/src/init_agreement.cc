@@ -278,44 +278,30 @@ struct Learned {
   std::vector<std::string> hosts;      // every rank's host for comm_shrink ("" unknown)
 };
 
-// How this rank takes part in the verdict's tree (verdict_tree.h): off for stores that are not
-// rank 0's server (memory://, file://) and for two ranks.
-struct TreeRole {
-  bool on = false;
-  VerdictServer* server = nullptr;  // this rank serves its children (null: it has none, or cannot listen)
-};
-
 // The time a child gives its parent to answer before it reads the store (docs/design/base.md, "Hot
 // keys"): a dead or stalled parent costs its children this, never their init.
 int tree_slice_ms(int timeout_ms) { return std::clamp(timeout_ms / 8, 1000, 10000); }
 
-// A rank other than 0 gets the verdict: from its parent in the tree when it can, else (and for
-// children of rank 0, which serves the store anyway) from the store. The read receipt goes to
-// the store either way, so rank 0's "every rank has read it" stays exact.
-Status read_verdict(Store& store, int rank, const CommSettings& s, const TreeRole& tree, const std::string& my_host,
-                    Deadline deadline, std::string* verdict) {
-  const int parent = tree_parent(rank);
-  if (tree.on && parent != 0) {
-    std::string digest;
-    if (!store.get("init/digest", &digest, deadline).ok())
-      return Timeout("rank 0 did not finish the init check within " + std::to_string(s.timeout_ms) + " ms");
-    const Deadline slice = Deadline::after_ms(tree_slice_ms(s.timeout_ms));
-    std::string served;
-    Status st = store.get("init/tree/" + std::to_string(parent), &served, slice);
-    if (st.ok()) {
-      const size_t sep = served.find(kSep);
-      const bool same_host = sep != std::string::npos && served.substr(sep + 1) == my_host;
-      st = fetch_verdict(served.substr(0, sep), same_host, digest, slice, verdict);
-    }
-    if (st.ok()) {
-      COMM_INFO(kInit, "rank %d: init verdict from parent rank %d (digest checked)", rank, parent);
-      (void)confirm_read(store, "init/verdict", rank);
-      return Status::Ok();
-    }
-    COMM_INFO(kInit, "rank %d: the init verdict from parent rank %d failed (%s); reading it from the store", rank,
-              parent, st.message().c_str());
-  }
-  if (!store.get("init/verdict", verdict, deadline).ok())
+// The value from the parent, checked against rank 0's digest; any failure is a status saying why.
+Status fetch_from_parent(Store& store, int parent, const TreeValue& v, int timeout_ms, InitTree* tree,
+                         Deadline deadline, std::string* value) {
+  std::string digest;
+  COMM_RETURN_IF_ERROR(store.get(v.digest_key, &digest, deadline).prefixed("no digest: "));
+  const Deadline slice = Deadline::after_ms(tree_slice_ms(timeout_ms));
+  if (tree->parent_entry.empty())
+    COMM_RETURN_IF_ERROR(store.get("init/tree/" + std::to_string(parent), &tree->parent_entry, slice));
+  const size_t sep = tree->parent_entry.find(kSep);
+  const bool same_host = sep != std::string::npos && tree->parent_entry.substr(sep + 1) == tree->my_host;
+  return fetch_verdict(v.item, tree->parent_entry.substr(0, sep), same_host, digest, slice, value);
+}
+
+constexpr TreeValue kVerdictValue = {TreeItem::kVerdict, "init/verdict", "init/digest", "init verdict", log::kInit};
+
+// A rank other than 0 gets the verdict (read_down_tree). The read receipt goes to the store
+// either way, so rank 0's "every rank has read it" stays exact.
+Status read_verdict(Store& store, int rank, const CommSettings& s, InitTree* tree, Deadline deadline,
+                    std::string* verdict) {
+  if (!read_down_tree(store, rank, kVerdictValue, s.timeout_ms, tree, deadline, verdict).ok())
     return Timeout("rank 0 did not finish the init check within " + std::to_string(s.timeout_ms) + " ms");
   (void)confirm_read(store, "init/verdict", rank);
   return Status::Ok();
@@ -326,22 +312,22 @@ Status read_verdict(Store& store, int rank, const CommSettings& s, const TreeRol
 // host's first rank) and the address table, or why init fails, so every rank fails the same
 // way, naming the difference, or none does. With the tree, the other
 // ranks get it from their parent (read_verdict) and pass it on to their children.
-Status agree(Store& store, int rank, int size, const CommSettings& s, const std::string& my_addr,
-             const TreeRole& tree, std::string* secret, Learned* out) {
+Status agree(Store& store, int rank, int size, const CommSettings& s, const std::string& my_addr, InitTree* tree,
+             std::string* secret, Learned* out) {
   Deadline deadline = Deadline::after_ms(s.timeout_ms);
   Fingerprint mine = fingerprint(size, s);
-  const std::string my_host = host_identity();
+  const std::string& my_host = tree->my_host;
   // A parent's listener, before the contribution: rank 0 publishes the digest only after every
   // contribution, so a child that has the digest finds its parent's address.
-  if (tree.on && tree_has_children(rank, size))
+  if (tree->on && tree_has_children(rank, size))
     COMM_RETURN_IF_ERROR(store.set("init/tree/" + std::to_string(rank),
-                                   (tree.server != nullptr ? tree.server->address() : "-") + kSep + my_host));
+                                   (tree->server != nullptr ? tree->server->address() : "-") + kSep + my_host));
   // With the listener, the address the store reached this rank by: comm_shrink's survivors
   // meet at one of them when rank 0, and the store with it, is gone when no listener table is
   // usable (docs/design/core.md, "Shrinking a communicator").
   COMM_RETURN_IF_ERROR(store.set("init/rank/" + std::to_string(rank),
                                  my_addr + kSep + store.reach_address() + kSep + encode(mine) + kSep + my_host));
-  if (tree.on) {
+  if (tree->on) {
     std::string hook;
     COMM_RETURN_IF_ERROR(test_tree_hook(rank, &hook));
     // Test hook: a rank gone after joining; status 0, so that comm-run leaves the others running.
@@ -378,7 +364,7 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, const std:
                                                  : "OK\n" + *secret + (out->all_local ? "L" : "R") + "\n" +
                                                        encode_hosts(out->host_of) + "\n" + table + "\n" + encode(mine);
     COMM_RETURN_IF_ERROR(store.set("init/verdict", verdict));
-    if (tree.on) {
+    if (tree->on) {
       const std::string digest = verdict_digest(verdict);
       COMM_RETURN_IF_ERROR(store.set("init/digest", digest));
       COMM_INFO(kInit, "rank 0: init verdict %zu bytes, digest key %zu bytes (docs/design/base.md, \"Hot keys\")",
@@ -394,8 +380,7 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, const std:
     return Status::Ok();
   }
   std::string verdict;
-  COMM_RETURN_IF_ERROR(read_verdict(store, rank, s, tree, my_host, deadline, &verdict));
-  if (tree.server != nullptr) tree.server->publish(verdict);  // whatever it says: the children need it too
+  COMM_RETURN_IF_ERROR(read_verdict(store, rank, s, tree, deadline, &verdict));
   if (verdict.rfind("FAIL\n", 0) == 0)
     return InvalidUsage("ranks disagree at init: " + verdict.substr(5) + "; start every rank with the same settings");
   if (verdict.rfind("UNAV\n", 0) == 0) return Unavailable(verdict.substr(5));
@@ -419,12 +404,35 @@ Status agree(Store& store, int rank, int size, const CommSettings& s, const std:
 
 }  // namespace
 
+Status read_down_tree(Store& store, int rank, const TreeValue& v, int timeout_ms, InitTree* tree, Deadline deadline,
+                      std::string* value) {
+  const int parent = tree_parent(rank);
+  bool from_parent = false;
+  if (tree->on && parent != 0 && tree->ask_parent) {
+    Status st = fetch_from_parent(store, parent, v, timeout_ms, tree, deadline, value);
+    if (st.code() == COMM_ERR_TIMEOUT && deadline.expired()) return st;  // the digest never came: nor will the value
+    from_parent = st.ok();
+    tree->ask_parent = from_parent;
+    if (log::enabled(log::Level::kInfo, v.subsys)) {
+      if (from_parent)
+        log::write(log::Level::kInfo, v.subsys, "rank %d: %s from parent rank %d (digest checked)", rank, v.what, parent);
+      else
+        log::write(log::Level::kInfo, v.subsys, "rank %d: the %s from parent rank %d failed (%s); reading it from the "
+                   "store", rank, v.what, parent, st.message().c_str());
+    }
+  }
+  if (!from_parent) COMM_RETURN_IF_ERROR(store.get(v.key, value, deadline));
+  if (tree->server != nullptr) tree->server->publish(v.item, *value);  // whatever it says: the children need it
+  return Status::Ok();
+}
+
 Status agree_at_init(Store& store, const Identity& id, const CommSettings& s, std::string* secret, Agreed* out) {
   std::shared_ptr<transport::EarlyListener> early;
   const std::string my_addr = listen_early(id, s, &early);
   // The verdict's tree: its server lives as long as `out`, to the end of comm_init, so every
   // child (which reaches the init barrier only with the verdict) can have been served.
-  TreeRole tree;
+  InitTree& tree = out->tree;
+  tree.my_host = host_identity();
   // Not under COMM_TLS: the verdict carries the job secret, and the tree's connections are plain
   // TCP; the store's are TLS.
   tree.on = store.dies_with_rank0() && id.world_size > 2 && !s.tls;
@@ -445,7 +453,7 @@ Status agree_at_init(Store& store, const Identity& id, const CommSettings& s, st
     tree.server = out->tree_server.get();
   }
   Learned learned;
-  COMM_RETURN_IF_ERROR(agree(store, id.rank, id.world_size, s, my_addr, tree, secret, &learned));
+  COMM_RETURN_IF_ERROR(agree(store, id.rank, id.world_size, s, my_addr, &tree, secret, &learned));
   out->all_local = learned.all_local;
   out->host_of = std::move(learned.host_of);
   out->hosts = std::move(learned.hosts);

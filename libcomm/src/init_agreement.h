@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "communicator.h"
+#include "log.h"
 #include "rendezvous.h"
 #include "status.h"
 #include "store/store.h"
@@ -15,6 +16,36 @@
 #include "verdict_tree.h"
 
 namespace comm {
+
+// How this rank takes part in the verdict's tree (verdict_tree.h), for the verdict and for the
+// later rounds of the same comm_init that send one large value the same way (reachability.h).
+struct InitTree {
+  bool on = false;                  // off for stores that are not rank 0's server, for 2 ranks, under TLS
+  VerdictServer* server = nullptr;  // this rank serves its children (null: it has none, or cannot listen)
+  std::string my_host;              // host_identity(): whether the parent's address is on this host
+  // The parent's "init/tree/<r>" entry once read; and whether to ask it at all: a parent that
+  // failed once (gone, stalled, a route that drops packets) is not asked again.
+  std::string parent_entry;
+  bool ask_parent = true;
+};
+
+// One value rank 0 writes to the store, with its digest for the ranks that take it from their
+// parent.
+struct TreeValue {
+  TreeItem item;
+  const char* key;         // the value
+  const char* digest_key;  // verdict_digest(value), written after it
+  const char* what;        // for the INFO lines: "init verdict"
+  uint32_t subsys;         // and their subsystem
+};
+
+// A rank other than 0 reads `v`: from its parent in the tree when it can, else (and for children
+// of rank 0, which serves the store anyway) from the store; then serves it to its own children,
+// whatever it says. A parent that fails costs one INFO line and the slice of timeout_ms it was
+// given, never the read. Fails only when the store does not give the value (or, tree on, its
+// digest) by `deadline`.
+Status read_down_tree(Store& store, int rank, const TreeValue& v, int timeout_ms, InitTree* tree, Deadline deadline,
+                      std::string* value);
 
 struct Agreed {
   bool all_local = false;      // every rank on this host
@@ -25,6 +56,7 @@ struct Agreed {
   std::shared_ptr<transport::EarlyListener> early;
   // Serves this rank's children in the verdict's tree; keep it until comm_init returns.
   std::unique_ptr<VerdictServer> tree_server;
+  InitTree tree;  // its server is tree_server's; for the later rounds (reachability.h)
 };
 
 // Every rank agrees, or every rank fails naming the difference (COMM_ERR_INVALID_USAGE), or

@@ -3,7 +3,8 @@
 // dials the addresses of at most kPeerHosts other hosts at once (a few dozen handshakes, the
 // clean ones answered in a millisecond, an unanswered one given up 250 ms after its host
 // answered elsewhere, else at COMM_SOCKET_CONNECT_TIMEOUT_MS), then one contribution per prober
-// and one read per rank of rank 0's summary: the init verdict's round, with one key.
+// and rank 0's summary to every rank the way the init verdict went: down its tree (rank 0's store
+// serves its own children and digests to the others, not the summary to every rank).
 #include "reachability.h"
 
 #include <algorithm>
@@ -29,6 +30,9 @@ constexpr int kPeerHosts = 3;
 // within this is not waited for longer on that one.
 constexpr int kGraceMs = 250;
 constexpr char kField = '\x1f';
+// Rank 0's summary of the round, "OK\n<outcomes>" or "FAIL\n<why>", and its digest for the tree.
+constexpr TreeValue kSummary = {TreeItem::kReachSummary, "init/reach", "init/reach/digest", "reachability summary",
+                                log::kNet};
 
 // One probe's outcome as every rank reads it from the summary.
 struct Outcome {
@@ -136,7 +140,15 @@ std::string probe(const ReachInput& in, const Plan& p) {
   return text;
 }
 
-// The store round: probers contribute, rank 0 sums up, every rank reads the summary.
+// Rank 0's summary, and (the tree on) its digest after it.
+Status publish_summary(Store& store, const ReachInput& in, const std::string& all) {
+  COMM_RETURN_IF_ERROR(store.set(kSummary.key, all));
+  if (in.tree == nullptr || !in.tree->on) return Status::Ok();
+  return store.set(kSummary.digest_key, verdict_digest(all));
+}
+
+// The store round: probers contribute, rank 0 sums up, every rank gets the summary (down the
+// verdict's tree: read_down_tree).
 Status exchange(Store& store, const ReachInput& in, const Plan& p, const std::string& mine, std::string* summary) {
   const Deadline deadline = Deadline::after_ms(in.timeout_ms);
   const bool probes = std::binary_search(p.probers.begin(), p.probers.end(), in.rank);
@@ -153,15 +165,17 @@ Status exchange(Store& store, const ReachInput& in, const Plan& p, const std::st
       all += text;
     }
     if (!problem.empty()) {
-      (void)store.set("init/reach", "FAIL\n" + problem);
+      (void)publish_summary(store, in, "FAIL\n" + problem);
       return Timeout("rank 0: init's reachability round: " + problem);
     }
-    COMM_RETURN_IF_ERROR(store.set("init/reach", all));
+    COMM_RETURN_IF_ERROR(publish_summary(store, in, all));
     *summary = all.substr(3);
     return Status::Ok();
   }
   std::string all;
-  if (!store.get("init/reach", &all, deadline).ok())
+  InitTree no_tree;
+  if (!read_down_tree(store, in.rank, kSummary, in.timeout_ms, in.tree != nullptr ? in.tree : &no_tree, deadline, &all)
+           .ok())
     return Timeout("rank " + std::to_string(in.rank) + ": rank 0 did not finish init's reachability round within " +
                    std::to_string(in.timeout_ms) + " ms (COMM_TIMEOUT_MS)");
   if (all.rfind("FAIL\n", 0) == 0)

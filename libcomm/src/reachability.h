@@ -4,12 +4,16 @@
 // libcomm/base/posix/path_probe.h), one more store round tells every rank every outcome, and
 // each rank seeds the process's path memory (posix/path_memory.h) with both directions: a path is
 // trusted only where the handshake went through both ways. COMM_DEBUG=INFO says once per rank
-// which interfaces reach which peers and why the others were dropped.
+// which interfaces reach which peers and why the others were dropped. Rank 0's summary of the
+// round goes down the init verdict's tree (init_agreement.h, read_down_tree), not to every rank
+// from its store (docs/design/base.md, "Hot keys").
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "init_agreement.h"
+#include "params.h"
 #include "status.h"
 #include "store/store.h"
 
@@ -20,7 +24,8 @@ struct ReachInput {
   std::vector<int> host_of;        // every rank's host number (the verdict's)
   std::vector<std::string> table;  // every rank's published listener addresses (posix/endpoints.h); empty: none
   int timeout_ms = 0;              // COMM_TIMEOUT_MS: the round's store reads
-  int connect_timeout_ms = 4000;   // COMM_SOCKET_CONNECT_TIMEOUT_MS: one probe's handshake
+  int connect_timeout_ms = params::kSocketConnectTimeoutDefaultMs;  // COMM_SOCKET_CONNECT_TIMEOUT_MS: one probe
+  InitTree* tree = nullptr;  // the verdict's (Agreed::tree), for the summary; null: every rank reads the store
 };
 
 // Every rank calls it alike (what it does follows from the verdict alone). Nothing to do, and no

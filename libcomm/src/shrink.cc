@@ -18,6 +18,7 @@
 #include "device/device.h"
 #include "hash.h"
 #include "log.h"
+#include "rank_list.h"
 #include "tls/tls.h"
 #include "store/store.h"
 
@@ -29,16 +30,6 @@ constexpr int kRescuePorts = 8;
 // for other processes' connections and port-0 listeners would collide with ours.
 constexpr int kRescuePortBase = 20000, kRescuePortSpan = 12768;
 constexpr int kProbeMs = 200;  // per port and try: the lowest survivor may start its store later
-
-std::string list_text(const std::vector<int>& ranks) {
-  std::string text = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) text += ',';
-    text += std::to_string(ranks[i]);  // appended apart: GCC 12 warns (-Wrestrict) on "," + to_string
-  }
-  text += ']';
-  return text;
-}
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -71,8 +62,9 @@ Status serve_rescue_store(comm_t c, const std::string& id, const std::string& to
       return last;
     }
   }
-  return last.prefixed("none of the " + std::to_string(kRescuePorts) + " ports derived for the shrink's store is free (" +
-                       list_text(rescue_ports(c->secret, id)) + "): ");
+  return last.prefixed("none of the " + std::to_string(kRescuePorts) +
+                       " ports derived for the shrink's store is free (" +
+                       rank_list_bracketed(rescue_ports(c->secret, id)) + "): ");
 }
 
 // The others: each port of the list in turn until the lowest survivor's store answers.
@@ -101,13 +93,10 @@ Status join_rescue_store(comm_t c, const std::string& id, const std::string& tok
     }
   }
   return Timeout("rank " + std::to_string(leader) + " (the lowest survivor) served no shrink store at " + host +
-                 " on ports " + list_text(ports) + " within " + std::to_string(c->settings.timeout_ms) +
+                 " on ports " + rank_list_bracketed(ports) + " within " + std::to_string(c->settings.timeout_ms) +
                  " ms (last: " + last + "); is it alive, did it call comm_shrink with the same list, and can this "
                  "host reach it?");
 }
-
-// What every survivor must agree on: the excluded ranks, sorted.
-std::string encode_list(const std::vector<int>& excluded) { return list_text(excluded); }
 
 }  // namespace
 
@@ -167,7 +156,7 @@ Status shrink_communicator(comm_t c, const std::vector<int>& excluded_in, comm_t
   // (a new secret, or the difference), so every survivor it expects fails alike or none does.
   std::shared_ptr<Store> store = make_prefix_store(base, "comm/" + id + "/shrink");
   Deadline deadline = Deadline::after_ms(c->settings.timeout_ms);
-  const std::string mine = encode_list(excluded);
+  const std::string mine = rank_list_bracketed(excluded);  // what every survivor must agree on
   COMM_RETURN_IF_ERROR(store->set("list/" + std::to_string(c->rank), mine).prefixed(where + "comm_shrink: "));
   std::string secret;
   if (leader_is_me) {

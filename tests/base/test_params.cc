@@ -78,3 +78,29 @@ TEST_CASE("params: comm-run --params prints each integer knob's range from its r
   CHECK(text.find("[2..4]") != std::string::npos);
   CHECK(text.find("[1..16]") != std::string::npos);
 }
+
+TEST_CASE("params: COMM_SOCKET_CONNECT_TIMEOUT_MS has one reader, its default the named constant", "[params]") {
+  const params::Param* row = params::find("COMM_SOCKET_CONNECT_TIMEOUT_MS");
+  REQUIRE(row != nullptr);
+  CHECK(std::string(row->fallback) == std::to_string(params::kSocketConnectTimeoutDefaultMs));
+  int ms = -1;
+  {
+    ScopedVar unset("COMM_SOCKET_CONNECT_TIMEOUT_MS", "");  // empty reads as unset
+    REQUIRE(params::socket_connect_timeout_ms(&ms).ok());
+    CHECK(ms == params::kSocketConnectTimeoutDefaultMs);
+  }
+  {
+    ScopedVar set("COMM_SOCKET_CONNECT_TIMEOUT_MS", "250");
+    REQUIRE(params::socket_connect_timeout_ms(&ms).ok());
+    CHECK(ms == 250);
+  }
+  {
+    // Refused, naming it; the default for a dialer that must not fail.
+    ScopedVar bad("COMM_SOCKET_CONNECT_TIMEOUT_MS", "5");
+    ms = -1;
+    const Status st = params::socket_connect_timeout_ms(&ms);
+    CHECK(st.code() == COMM_ERR_INVALID_ARGUMENT);
+    CHECK(st.message().find("COMM_SOCKET_CONNECT_TIMEOUT_MS=5 is out of range [100, 600000]") != std::string::npos);
+    CHECK(ms == params::kSocketConnectTimeoutDefaultMs);
+  }
+}

@@ -17,6 +17,7 @@
 #include "socket/socket_transport.h"
 #include "socket/wire.h"
 #include "store/store.h"
+#include "support/socket_options.h"
 #include "support/tcp_relay.h"
 #include "support/transport_test.h"
 #include "tls_pki.h"
@@ -31,38 +32,8 @@ namespace topology = comm::topology;
 
 namespace {
 
-constexpr int kTestTimeoutMs = 20000;
+// The job's secret, in the ranks' Options and in the TLS contexts' pre-shared key (psk_config).
 const std::string kSecret = "job-secret-tls-relay-0123456789";
-
-std::string unique_store_name() {
-  static std::atomic<int> counter{0};
-  return "tls-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-}
-
-Options options_for(int rank, int size, std::shared_ptr<Store> store, std::shared_ptr<tls::Context> tls,
-                    int timeout_ms = kTestTimeoutMs) {
-  Options o;
-  o.rank = rank;
-  o.size = size;
-  o.timeout_ms = timeout_ms;
-  o.secret = kSecret;
-  o.store = std::move(store);
-  o.comm_label = "test";
-  o.all_local = true;
-  o.tls = std::move(tls);
-  std::string why;
-  if (topology::choose_socket_addresses(o.all_local, &o.listen.addresses, &why).ok()) o.listen.why = why;
-  return o;
-}
-
-// The first of the addresses a rank published ("lo/127.0.0.1:41000,..."): its "host:port".
-std::string published_address_of(const std::shared_ptr<Store>& store, int rank) {
-  std::string text;
-  REQUIRE(store->get("addr/" + std::to_string(rank), &text, Deadline::after_ms(10000)).ok());
-  std::vector<posix::Endpoint> list;
-  REQUIRE(posix::decode_endpoints(text, &list));
-  return list.front().hostport;
-}
 
 // Two ranks; rank 1's dials to rank 0 go through a relay that records every byte.
 struct RelayedPair {
@@ -75,8 +46,12 @@ void make_relayed_pair(std::shared_ptr<tls::Context> tls0, std::shared_ptr<tls::
   p->store0 = memory_store(unique_store_name());
   p->store1 = memory_store(unique_store_name());
   Status made0, made1;
-  std::thread make0([&] { made0 = create_socket_transport(options_for(0, 2, p->store0, tls0), &p->t0); });
-  std::thread make1([&] { made1 = create_socket_transport(options_for(1, 2, p->store1, tls1), &p->t1); });
+  std::thread make0([&] {
+    made0 = create_socket_transport(options_for(0, 2, p->store0, kSocketTestTimeoutMs, kSecret, tls0), &p->t0);
+  });
+  std::thread make1([&] {
+    made1 = create_socket_transport(options_for(1, 2, p->store1, kSocketTestTimeoutMs, kSecret, tls1), &p->t1);
+  });
   const std::string addr0 = published_address_of(p->store0, 0);
   const std::string addr1 = published_address_of(p->store1, 1);
   sock::SockAddr target;

@@ -1,6 +1,7 @@
 // What the socket transport's test files share (test_socket_transport.cc, test_socket_handshake.cc,
 // test_socket_connections.cc): ranks as threads over an in-memory store on this machine's own
-// addresses (make_world), their options, the addresses they published, an 8 MiB exchange.
+// addresses (make_world; their options and published addresses: support/socket_options.h), an
+// 8 MiB exchange.
 #pragma once
 
 #include <sys/socket.h>
@@ -21,6 +22,7 @@
 #include "socket/socket_transport.h"
 #include "socket/wire.h"
 #include "transport.h"
+#include "support/socket_options.h"
 #include "support/transport_test.h"
 
 namespace socket_test {
@@ -30,34 +32,10 @@ using namespace comm::testing;
 using namespace comm::transport;
 namespace topology = comm::topology;
 
-inline constexpr int kTestTimeoutMs = 20000;
+inline constexpr int kTestTimeoutMs = kSocketTestTimeoutMs;  // options_for's (support/socket_options.h)
 // "Fails promptly, not at the timeout": half the timeout, seconds more than a busy host adds to
 // a failure seen at once (tests/support/loaded_host.h).
 inline constexpr double kPromptS = kTestTimeoutMs / 2000.0;
-inline const std::string kSecret = "job-secret-1234";
-
-// One counter for the whole program (an inline function's static), so no two stores share a name.
-inline std::string unique_store_name() {
-  static std::atomic<int> counter{0};
-  return "socket-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-}
-
-
-inline Options options_for(int rank, int size, std::shared_ptr<Store> store, int timeout_ms = kTestTimeoutMs,
-                    const std::string& secret = kSecret) {
-  Options o;
-  o.rank = rank;
-  o.size = size;
-  o.timeout_ms = timeout_ms;
-  o.secret = secret;
-  o.store = std::move(store);
-  o.comm_label = "test";
-  o.all_local = true;  // single-host tests stay on loopback
-  // The interface, chosen as the core chooses it (COMM_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, lo).
-  std::string why;
-  if (topology::choose_socket_addresses(o.all_local, &o.listen.addresses, &why).ok()) o.listen.why = why;
-  return o;
-}
 
 struct World {
   std::shared_ptr<Store> store;
@@ -82,15 +60,6 @@ inline World make_world(int n, int timeout_ms = kTestTimeoutMs) {
     REQUIRE(status[static_cast<size_t>(r)].ok());
   }
   return w;
-}
-
-// The first of the addresses a rank published ("lo/127.0.0.1:41000,..."): its "host:port".
-inline std::string published_address_of(const std::shared_ptr<Store>& store, int rank) {
-  std::string text;
-  REQUIRE(store->get("addr/" + std::to_string(rank), &text, Deadline::after_ms(10000)).ok());
-  std::vector<posix::Endpoint> list;
-  REQUIRE(posix::decode_endpoints(text, &list));
-  return list.front().hostport;
 }
 
 inline int configured_nconns() {

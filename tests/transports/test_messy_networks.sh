@@ -8,7 +8,8 @@
 #       firewalled eth0 (the store's connection moves on to the next address after
 #       COMM_SOCKET_CONNECT_TIMEOUT_MS, rank 0 listens on every address of the name);
 #   tree8: 8 hosts, storeport (the verdict's tree on: a parent's route is the firewalled eth0);
-#   hosts4x2: 4 hosts x 2 ranks, island (shared memory inside a host, sockets between);
+#   hosts4x2: 4 hosts x 2 ranks, island (shared memory inside a host, sockets between; the
+#       reachability summary down the init verdict's tree);
 #   prefix: the island with NCCL_SOCKET_IFNAME=eth, a prefix both interfaces match: the
 #       reachability check at init chooses eth1 among the user's set;
 #   eager: the asymmetric path with COMM_SOCKET_EAGER=1 (every pair connected at init, the
@@ -75,6 +76,12 @@ if [[ $expect == ok ]]; then
   # which interfaces reach which peers and why the others were dropped.
   said=$(grep -c 'reachability at init' "$out")
   [[ $said == "$world" ]] || bad "$said of $world ranks said what reachability at init found (want one line each)"
+  # Rank 0's summary of the round goes down the init verdict's tree (docs/design/base.md, "Hot
+  # keys"): the ranks whose parent is not rank 0 (3, 5, 6, 7 of 8) take it from their parent.
+  if [[ $scenario == hosts4x2 ]]; then
+    n=$(grep -c 'reachability summary from parent rank' "$out")
+    [[ $n == 4 ]] || bad "$n of 4 ranks (3, 5, 6, 7) took the reachability summary from their parent in the init tree"
+  fi
   says() {  # what, pattern: every rank's reachability line matches it
     local n
     n=$(grep 'reachability at init' "$out" | grep -c -- "$2")

@@ -11,7 +11,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
@@ -23,6 +22,7 @@
 #include "socket/socket_transport.h"
 #include "socket/wire.h"
 #include "store/store.h"
+#include "support/socket_options.h"
 #include "support/store_helpers.h"
 #include "support/transport_test.h"
 #include "transport.h"
@@ -33,34 +33,13 @@ using namespace comm::transport;
 
 namespace {
 
-constexpr int kTimeoutMs = 20000;
 const std::string kSecret = "one-job-secret";
 
-std::string unique_store_name() {
-  static std::atomic<int> counter{0};
-  return "socket-addresses-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-}
-
+// options_for (support/socket_options.h) under a communicator label of its own.
 Options options(int rank, std::shared_ptr<Store> store, const std::string& label) {
-  Options o;
-  o.rank = rank;
-  o.size = 2;
-  o.timeout_ms = kTimeoutMs;
-  o.secret = kSecret;
-  o.store = std::move(store);
+  Options o = options_for(rank, 2, std::move(store), kSocketTestTimeoutMs, kSecret);
   o.comm_label = label;
-  o.all_local = true;
-  std::string why;
-  REQUIRE(topology::choose_socket_addresses(true, &o.listen.addresses, &why).ok());
   return o;
-}
-
-std::string first_address(const std::shared_ptr<Store>& store, int rank) {
-  std::string text;
-  REQUIRE(store->get("addr/" + std::to_string(rank), &text, Deadline::after_ms(10000)).ok());
-  std::vector<posix::Endpoint> list;
-  REQUIRE(posix::decode_endpoints(text, &list));
-  return list.front().hostport;
 }
 
 Status exchange(Transport& from, int to_rank, Transport& to, int from_rank, uint64_t value, uint64_t* got) {
@@ -96,11 +75,11 @@ TEST_CASE("a dial that reaches the wrong rank or communicator moves on to the pe
   Status made0, made1;
   std::thread make0([&] { made0 = create_socket_transport(options(0, store0, "test"), &t0); });
   std::thread make1([&] { made1 = create_socket_transport(options(1, store1, "test"), &t1); });
-  const std::string addr0 = first_address(store0, 0);
+  const std::string addr0 = published_address_of(store0, 0);
   std::string addr1;
   REQUIRE(store1->get("addr/1", &addr1, Deadline::after_ms(10000)).ok());
-  const std::string lookalikes = "br-1a2b3c4d/" + first_address(other_store, 1) + ",br-1a2b3c4d/" +
-                                 first_address(other_store, 0) + ",lo/" + addr0;
+  const std::string lookalikes = "br-1a2b3c4d/" + published_address_of(other_store, 1) + ",br-1a2b3c4d/" +
+                                 published_address_of(other_store, 0) + ",lo/" + addr0;
   // Rank 0 is told a rank 1 address that accepts TCP and never answers: its own dial hangs,
   // so the connection that comes up is rank 1's, through the look-alikes.
   posix::Fd silent;
@@ -195,7 +174,7 @@ TEST_CASE("a peer of wire protocol 4 is refused clearly, both ways", "[socket]")
   CHECK_THAT(st.message(), Catch::Contains("wire protocol version 4") && Catch::Contains("this rank 5"));
 
   // An old Hello (48 bytes, version 4) at rank 0's listener: kBadVersion with version 5.
-  const std::string real0 = first_address(store, 0);
+  const std::string real0 = published_address_of(store, 0);
   posix::SockAddr at;
   REQUIRE(posix::parse_address(real0, &at).ok());
   posix::Fd fd(::socket(at.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));

@@ -175,7 +175,7 @@ TEST_CASE("the job secret never goes on the wire: a relay between two ranks sees
   CHECK(wire.find(std::string(reinterpret_cast<const char*>(&hello_magic), 8)) != std::string::npos);
   CHECK(wire.find(std::string(reinterpret_cast<const char*>(&proof_magic), 8)) != std::string::npos);
   CHECK(wire.find(std::string(reinterpret_cast<const char*>(&out), sizeof out)) != std::string::npos);
-  CHECK(wire.find(kSecret) == std::string::npos);
+  CHECK(wire.find(kSocketTestSecret) == std::string::npos);
 }
 
 TEST_CASE("garbage from an authenticated peer closes its connection, never crashes", "[socket]") {
@@ -199,7 +199,8 @@ TEST_CASE("garbage from an authenticated peer closes its connection, never crash
   for (int k = 0; k < nconns; ++k) {
     fake[static_cast<size_t>(k)] = connect_to(address);
     bool proved_back = false;
-    sock::Reply reply = handshake_by_hand(fake[static_cast<size_t>(k)], 1, 2, k, nconns, kSecret, &proved_back);
+    sock::Reply reply =
+        handshake_by_hand(fake[static_cast<size_t>(k)], 1, 2, k, nconns, kSocketTestSecret, &proved_back);
     // Both dialed: the higher rank's dial (this one) wins.
     REQUIRE(reply.code == static_cast<uint32_t>(sock::ReplyCode::kOk));
     CHECK(proved_back);  // rank 0 proved the secret back

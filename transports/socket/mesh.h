@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "deadline.h"
+#include "params.h"
 #include "store/store.h"
 #include "posix/endpoints.h"
 #include "socket/net.h"
@@ -45,7 +46,8 @@ struct MeshConfig {
   Store* store = nullptr;
   std::vector<posix::LocalAddress> listen;  // where to listen, in order of preference
   std::vector<int> host_of;  // every rank's host number (the proofs bind it); empty: all 0
-  int connect_timeout_ms = 4000;  // COMM_SOCKET_CONNECT_TIMEOUT_MS: one address's TCP handshake
+  // COMM_SOCKET_CONNECT_TIMEOUT_MS: one address's TCP handshake
+  int connect_timeout_ms = params::kSocketConnectTimeoutDefaultMs;
   std::string route_ifname;  // the interface that reaches the store's host, for a failure's fix
   // COMM_TLS: after the handshake every connection runs TLS 1.3 (mesh_tls.cc); null: plaintext.
   std::shared_ptr<tls::Context> tls;

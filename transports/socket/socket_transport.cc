@@ -386,8 +386,8 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     std::string where;
     for (const auto& a : listen.addresses) where += (where.empty() ? "" : ", ") + a.ifname + " " + a.address;
     COMM_INFO(kNet, "%s: %s; listening on %s", me.c_str(), listen.why.c_str(), where.c_str());
-    int64_t connect_timeout_ms = 0;
-    COMM_RETURN_IF_ERROR(params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &connect_timeout_ms));
+    int connect_timeout_ms = 0;
+    COMM_RETURN_IF_ERROR(params::socket_connect_timeout_ms(&connect_timeout_ms));
 
     MeshConfig config;
     config.rank = options.rank;
@@ -399,7 +399,7 @@ Status create_socket_transport(const Options& options, std::unique_ptr<Transport
     config.store = options.store.get();
     config.listen = listen.addresses;
     config.host_of = options.host_of;
-    config.connect_timeout_ms = static_cast<int>(connect_timeout_ms);
+    config.connect_timeout_ms = connect_timeout_ms;
     config.route_ifname = listen.route_ifname;
     config.tls = options.tls;
     config.arrivals = options.arrivals;

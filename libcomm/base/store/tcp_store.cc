@@ -250,14 +250,14 @@ class Client final : public Store {
     // A name with several addresses (an unreachable one first): an address whose SYN goes
     // unanswered has COMM_SOCKET_CONNECT_TIMEOUT_MS, then the next one is tried
     // (docs/topology.md, "Messy networks"); the last one has the whole deadline.
-    int64_t per_address_ms = 4000;
-    (void)params::get_int("COMM_SOCKET_CONNECT_TIMEOUT_MS", &per_address_ms);
+    int per_address_ms = 0;
+    (void)params::socket_connect_timeout_ms(&per_address_ms);  // bad: the default (the socket transport refuses it)
     for (addrinfo* ai = found; ai != nullptr && !deadline.expired(); ai = ai->ai_next) {
       posix::Fd fd;
       bool refused = false;
       Deadline address_deadline = deadline;
       if (ai->ai_next != nullptr) {
-        const Deadline bound = Deadline::after_ms(static_cast<int>(per_address_ms));
+        const Deadline bound = Deadline::after_ms(per_address_ms);
         if (bound.at() < deadline.at()) address_deadline = bound;
       }
       last = connect_address(ai->ai_addr, ai->ai_addrlen, address_deadline, &fd, final, &refused);
