@@ -156,6 +156,12 @@ def digest(ddp, step, registered):
     return np.frombuffer(total.digest(), np.uint8).copy(), each
 
 
+def broadcast_parts(comm, parts):
+    """Rank 0's per-part digests ({name: hex}) on every rank: after a mismatch, to say what differs."""
+    raw = np.frombuffer(json.dumps(parts, sort_keys=True).encode(), np.uint8).copy() if comm.rank == 0 else None
+    return json.loads(broadcast_blob(comm, raw).tobytes())
+
+
 def gather_digests(comm, mine):
     """Every rank's 32-byte digest, one row per rank."""
     return comm.allgather(mine).reshape(comm.size, 32)
