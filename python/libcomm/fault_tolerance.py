@@ -461,7 +461,9 @@ class FaultTolerance:
             repaired = differ
             self.ddp._broadcast_state()  # the repair: everything from rank 0 again
             if comm.rank in differ and comm.rank != 0:
-                self.step = ft_state.unpack(raw, self.registered, self._where())
+                # A member keeps its own RNG states: they are not shared state (not hashed), and
+                # rank 0's would make it draw what rank 0 draws (dropout masks, sampled batches).
+                self.step = ft_state.unpack(raw, self.registered, self._where(), rng=joined)
 
     def _where(self):
         comm = self.ddp._user_comm

@@ -57,6 +57,8 @@ def corrupt_at_join(rank, how):
     def as_at_wrap(self):
         original(self)
         ddp = self.ddp
+        torch.manual_seed(1000 + rank)  # its own RNG states: the repair must leave them (not shared)
+        rng_before.append(torch.get_rng_state().clone())
         perturb(ddp, "parameter 0 changed after the join's broadcast")
         opt = self.registered["optimizer"]
         with torch.no_grad():
@@ -70,7 +72,18 @@ def corrupt_at_join(rank, how):
                 broadcast()
                 perturb(ddp, "parameter 0 changed after the repair's broadcast")
             ddp._broadcast_state = broadcast_then_perturb
+    exchange = FaultTolerance._exchange_state
+
+    def exchange_state(self):
+        repaired = exchange(self)
+        if rng_before:
+            kept = torch.equal(torch.get_rng_state(), rng_before.pop())
+            print(f"# [{rank}] test fault: after the repair, {'own RNG state kept' if kept else 'RNG state replaced'}",
+                  flush=True)
+        return repaired
+    rng_before = []
     FaultTolerance._as_at_wrap = as_at_wrap
+    FaultTolerance._exchange_state = exchange_state
 
 
 def refusals():

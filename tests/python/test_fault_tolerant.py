@@ -208,7 +208,8 @@ def join_test(transport):
 def repair_test(how):
     """The sha256 check after a join: rank 1's parameter and momentum buffer diverge just before it
     (ft_rank.py's FT_CORRUPT). once: every process warns naming the rank, rank 1 names what differs,
-    the state is taken from rank 0 once, and all end bitwise equal. always (the repair cannot fix
+    the state is taken from rank 0 once (rank 1 keeps its own RNG states: not shared), and all end
+    bitwise equal. always (the repair cannot fix
     it): every process stops with FaultToleranceError naming the rank after one repair, no loop."""
     codes, lines = join_run("socket", {"FT_CORRUPT": f"1:{how}"})
     faults = [re.match(r"^# \[1\] test fault: (.*) as rank (\d+) of 4$", line) for line in lines[1]]
@@ -223,6 +224,8 @@ def repair_test(how):
                 bad.append(f"process {r} warned {len(warned)} times of the mismatch of rank {victim}, not once")
             elif r == 1 and "(here: optimizer, parameters)" not in warned[0]:
                 bad.append(f"rank 1's warning does not name what differs: {warned[0]}")
+        if not any("test fault: after the repair, own RNG state kept" in line for line in lines[1]):
+            bad.append("rank 1's own RNG state was not kept through the repair (or never checked)")
         if not bad:
             finals = [FINAL.match(line) for ls in lines for line in ls]
             steps = {int(m.group(2)) for m in finals if m}
