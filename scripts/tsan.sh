@@ -39,6 +39,13 @@ for run in "agree auto abi_tests [agree]" "agree-socket socket abi_tests [agree]
   TSAN_OPTIONS="$TSAN_OPTIONS:log_path=$procdir/$name" ABI_TRANSPORT=$transport \
     "$dir/tests/abi/$binary" "$tests" 2>&1 | tee "$dir/tsan-$name.log" || status=1
 done
+# The same job under comm-run --replace-failed, which serves the store and starts the joiners.
+if [[ -x "$dir/tools/comm-run/comm-run" ]]; then
+  step "ThreadSanitizer: tests/tools/test_comm_run_replace.sh (comm-run and its ranks)"
+  TSAN_OPTIONS="$TSAN_OPTIONS:log_path=$procdir/replace" \
+    bash tests/tools/test_comm_run_replace.sh "$dir/tools/comm-run/comm-run" "$dir/tests/abi/grow_worker" 2>&1 |
+    tee "$dir/tsan-replace.log" || status=1
+fi
 # grep -c exits 1 when it counts nothing: a clean run must not end the script (set -e, pipefail).
 races=$({ cat "$dir"/tsan-*.log "$procdir"/* 2>/dev/null || true; } | { grep -c "WARNING: ThreadSanitizer" || true; })
 step "ThreadSanitizer reports: $races (logs in $dir/tsan-*.log, the ranks' in $procdir/)"
