@@ -198,6 +198,8 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
   const std::string base = "comm/" + c->id + "/agree" + std::to_string(++c->agreements);
   std::vector<int> mine = own_suspicions(c);  // widened while this rank waits (refresh_suspicions)
   const int timeout_ms = c->settings.timeout_ms;
+  const bool serves_store = c->job_store->dies_with_rank0() &&
+                            (c->world_ranks.empty() ? c->rank == 0 : c->world_ranks[static_cast<size_t>(c->rank)] == 0);
   // The decider waits up to one timeout for the check-ins; the others a half more for its verdict.
   const int verdict_ms = timeout_ms + timeout_ms / 2 + 2 * kWhoMs;
   auto unreachable = [&](const Status& st) {
@@ -248,10 +250,24 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
       return RemoteError(where + "the other ranks agreed that this rank failed (it joined the agreement after their "
                          "verdict " + text + ": was it stopped, or cut off?); it is excluded from this "
                          "communicator for good and cannot rejoin it: exit (a launcher may start a new process)");
-    if (!v.quorum)
-      return RemoteError(where + "only ranks " + rank_list_bracketed(v.failed) + " of " + std::to_string(n) +
-                         " joined the agreement, not a majority: this side stops, so that two sides of a split job "
-                         "never both go on");
+    if (!v.quorum) {
+      // This side stops, and its processes may exit next. World rank 0's process serves the TCP
+      // store: leaving at once, it would take the verdict with it before a slower rank that
+      // checked in has read it (that rank would be told "the job store does not answer" instead
+      // of why). So the others confirm they read it, and the server waits for them, bounded
+      // (docs/design/core.md, "Agreeing on the failed ranks").
+      if (!serves_store) {
+        (void)confirm_read(*store, "verdict", c->rank);
+      } else {
+        std::vector<int> readers;
+        for (int r : v.failed)
+          if (r != c->rank) readers.push_back(r);
+        (void)wait_read_by(*store, "verdict", readers, Deadline::after_ms(timeout_ms));
+      }
+      return RemoteError(where + "only ranks " + rank_list_bracketed(v.failed) + " of " + std::to_string(n) + " joined the "
+                         "agreement, not a majority: this side stops, so that two sides of a split job never "
+                         "both go on");
+    }
     *failed = v.failed;
     return Status::Ok();
   }

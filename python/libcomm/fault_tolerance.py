@@ -376,8 +376,9 @@ class FaultTolerance:
         except errors.CommError:
             pass
         self._as_at_wrap()
-        self._exchange_state()
-        self.joins.append({"step": self.step, "size": new.size, "seconds": time.monotonic() - start})
+        repaired = self._exchange_state()
+        self.joins.append({"step": self.step, "size": new.size, "seconds": time.monotonic() - start,
+                           "repaired": repaired})
 
     def _as_at_wrap(self):
         """The collectives a joiner's DistributedDataParallel(...) and register_comm_hook make."""
@@ -411,11 +412,11 @@ class FaultTolerance:
         self.skip_grow = True
         start = time.monotonic()
         try:
-            self._exchange_state()
+            repaired = self._exchange_state()
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"joining failed while receiving the state: {e}") from e
         self.joins.append({"step": self.step, "size": self.ddp._user_comm.size,
-                           "seconds": time.monotonic() - start, "joined": True})
+                           "seconds": time.monotonic() - start, "joined": True, "repaired": repaired})
 
     def boundary(self):
         """ddp.step()'s end, after the optimizer: the step boundary, where joiners are admitted (so
@@ -431,26 +432,38 @@ class FaultTolerance:
     def _exchange_state(self):
         """Rank 0's step, registered state and RNG states to every rank (a joiner takes them),
         then every rank's sha256 of the shared part: a rank that differs from rank 0 is repaired
-        from it once; one that still differs stops every rank (FaultToleranceError)."""
+        from it once (a warning on every rank names it, and what differs); one that still differs
+        stops every rank (FaultToleranceError). Returns the ranks repaired."""
         comm = self.ddp._comm
         joined = self.skip_grow  # set by receive_state on the joiner
         raw = ft_state.broadcast_blob(comm, ft_state.pack(self.step, self.registered) if comm.rank == 0 else None)
         if joined:
             self.step = ft_state.unpack(raw, self.registered, self._where())
+        repaired = []
         for attempt in (0, 1):
             mine, parts = ft_state.digest(self.ddp, self.step, self.registered)
             table = ft_state.gather_digests(comm, mine)
             differ = [r for r in range(comm.size) if not np.array_equal(table[r], table[0])]
             if not differ:
-                return
+                return repaired
+            # Every rank saw the same table, so all take this branch: rank 0's part digests to all,
+            # and each rank that differs says which of its parts do.
+            theirs = ft_state.broadcast_parts(comm, parts)
+            mine_differ = sorted(name for name in parts if parts[name] != theirs.get(name))
+            here = f" (here: {', '.join(mine_differ)})" if mine_differ else ""
             if attempt == 1:
                 raise FaultToleranceError(
                     self._where() + f"ranks {differ} hold other parameters or state than rank 0 even "
-                    f"after taking rank 0's (this rank's parts: {parts}): do all ranks register_state() "
-                    "the same objects, with the same model and optimizer?")
+                    f"after taking rank 0's{here}: do all ranks register_state() the same objects, "
+                    "with the same model and optimizer?")
+            warnings.warn(self._where() + f"after the join, ranks {differ} hold other parameters or "
+                          f"state than rank 0{here}: every rank takes rank 0's again", RuntimeWarning)
+            repaired = differ
             self.ddp._broadcast_state()  # the repair: everything from rank 0 again
             if comm.rank in differ and comm.rank != 0:
-                self.step = ft_state.unpack(raw, self.registered, self._where())
+                # A member keeps its own RNG states: they are not shared state (not hashed), and
+                # rank 0's would make it draw what rank 0 draws (dropout masks, sampled batches).
+                self.step = ft_state.unpack(raw, self.registered, self._where(), rng=joined)
 
     def _where(self):
         comm = self.ddp._user_comm

@@ -87,8 +87,8 @@ def pack(step, registered):
                            np.frombuffer(head, np.uint8)] + body).astype(np.uint8)
 
 
-def unpack(raw, registered, what):
-    """Loads a blob into the registered objects and the RNGs; returns the step."""
+def unpack(raw, registered, what, rng=True):
+    """Loads a blob into the registered objects and (rng) the RNGs; returns the step."""
     n = int(raw[:8].view(np.int64)[0])
     head = json.loads(raw[8:8 + n].tobytes())
     tensors, at = [], 8 + n
@@ -107,9 +107,10 @@ def unpack(raw, registered, what):
                            "(a joiner before its first forward)")
     for name, state in blob["state"].items():
         _load_into(registered[name], state)
-    torch.set_rng_state(blob["rng"]["torch"])
-    np.random.set_state(blob["rng"]["numpy"])
-    random.setstate(blob["rng"]["python"])
+    if rng:
+        torch.set_rng_state(blob["rng"]["torch"])
+        np.random.set_state(blob["rng"]["numpy"])
+        random.setstate(blob["rng"]["python"])
     return blob["step"]
 
 
@@ -154,6 +155,12 @@ def digest(ddp, step, registered):
         each[name] = h.hexdigest()[:12]
         total.update(h.digest())
     return np.frombuffer(total.digest(), np.uint8).copy(), each
+
+
+def broadcast_parts(comm, parts):
+    """Rank 0's per-part digests ({name: hex}) on every rank: after a mismatch, to say what differs."""
+    raw = np.frombuffer(json.dumps(parts, sort_keys=True).encode(), np.uint8).copy() if comm.rank == 0 else None
+    return json.loads(broadcast_blob(comm, raw).tobytes())
 
 
 def gather_digests(comm, mine):

@@ -496,8 +496,9 @@ class DistributedDataParallel(torch.nn.Module):
 
     @property
     def joins(self):
-        """fault_tolerant: one dict per admission of joiners (step, size, seconds; joined=True on
-        the joiner's side)."""
+        """fault_tolerant: one dict per admission of joiners (step, size, seconds, repaired: the ranks
+        whose state differed from rank 0's and was taken from it again; joined=True on the joiner's
+        side)."""
         return [] if self._ft is None else list(self._ft.joins)
 
     @property

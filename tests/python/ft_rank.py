@@ -5,7 +5,10 @@ RemoteError, as a failure's report can fail on one rank an operation the others 
 (docs/design/core.md, "Which calls a failure fails"): the others commit step S and go on, this rank
 must commit it too, not redo it. FT_DDP_KW='{"gradient_as_bucket_view": true, ...}': the wrapper's
 options; FT_HOOK=allreduce: with libcomm.comm_hooks.allreduce_hook registered. FT_REFUSE=1: the
-refusals of fault_tolerant=True instead."""
+refusals of fault_tolerant=True instead. FT_CORRUPT=R:once|always: on the member that starts as R,
+when a joiner is admitted, one parameter and one momentum buffer change after the parameters were
+sent again as at wrap time (what the sha256 check is for: a replica that diverged); `always`: also
+after the repair's broadcast, so the repair cannot fix it."""
 
 import json
 import os
@@ -36,6 +39,51 @@ def fail_vote(rank, step):
             comm.allreduce = allreduce
         return original(self)
     FaultTolerance.should_commit = should_commit
+
+
+def corrupt_at_join(rank, how):
+    """FT_CORRUPT: the state of this member diverges just before the hash check of a join."""
+    import torch
+    if int(os.environ["RANK"]) != rank or os.environ.get("COMM_JOIN") == "1":
+        return
+    original = FaultTolerance._as_at_wrap
+
+    def perturb(ddp, what):
+        with torch.no_grad():
+            p = ddp._params[0]
+            p.view(-1)[0] += 1.0
+        print(f"# [{rank}] test fault: {what} as rank {ddp._user_comm.rank} of {ddp._user_comm.size}", flush=True)
+
+    def as_at_wrap(self):
+        original(self)
+        ddp = self.ddp
+        torch.manual_seed(1000 + rank)  # its own RNG states: the repair must leave them (not shared)
+        rng_before.append(torch.get_rng_state().clone())
+        perturb(ddp, "parameter 0 changed after the join's broadcast")
+        opt = self.registered["optimizer"]
+        with torch.no_grad():
+            for state in opt.state.values():  # SGD's momentum buffers: not sent to members
+                state["momentum_buffer"].view(-1)[0] += 1.0
+                break
+        if how == "always":
+            broadcast = ddp._broadcast_state
+
+            def broadcast_then_perturb():
+                broadcast()
+                perturb(ddp, "parameter 0 changed after the repair's broadcast")
+            ddp._broadcast_state = broadcast_then_perturb
+    exchange = FaultTolerance._exchange_state
+
+    def exchange_state(self):
+        repaired = exchange(self)
+        if rng_before:
+            kept = torch.equal(torch.get_rng_state(), rng_before.pop())
+            print(f"# [{rank}] test fault: after the repair, {'own RNG state kept' if kept else 'RNG state replaced'}",
+                  flush=True)
+        return repaired
+    rng_before = []
+    FaultTolerance._as_at_wrap = as_at_wrap
+    FaultTolerance._exchange_state = exchange_state
 
 
 def refusals():
@@ -82,6 +130,9 @@ if __name__ == "__main__":
     if os.environ.get("FT_VOTE_FAIL"):
         r, s = os.environ["FT_VOTE_FAIL"].split(":")
         fail_vote(int(r), int(s))
+    if os.environ.get("FT_CORRUPT"):
+        r, how = os.environ["FT_CORRUPT"].split(":")
+        corrupt_at_join(int(r), how)
     if os.environ.get("FT_DDP_KW") or os.environ.get("FT_HOOK"):
         from libcomm import comm_hooks, torch_ddp
         plain, kw = torch_ddp.DistributedDataParallel, json.loads(os.environ.get("FT_DDP_KW") or "{}")

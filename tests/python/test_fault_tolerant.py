@@ -28,7 +28,12 @@ an uncommitted step are refused with fault_tolerant=True (ft_rank.py's FT_REFUSE
 
 FT_VICTIM=R picks the victim of kill (else a random rank, 0 included).
 
-usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | join auto|socket | refuse"""
+repair once|always: join over sockets, but rank 1's state diverges just before the join's sha256
+check (ft_rank.py's FT_CORRUPT); once: repaired from rank 0, every process warns naming rank 1, all
+end bitwise equal; always: the repair cannot fix it, every process stops naming rank 1, no loop.
+
+usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | join auto|socket | refuse |
+repair once|always"""
 
 import json
 import os
@@ -154,13 +159,15 @@ def vote_test():
     check(codes, lines, [0, 1, 3], steps, 2, outcome={0: "redone", 1: "committed", 3: "redone"})
 
 
-def join_test(transport):
+def join_run(transport, extra_env=None):
+    """4 ranks, rank 2 dies at step 6, a replacement joins once a survivor recovered. Returns
+    (codes, lines) of ranks 0-3 then the joiner (index 4), or exits 77 without comm_grow."""
     store = tempfile.mkdtemp(prefix="ft_store_")
     STORES.append(store)
     args = ["--steps", "20", "--until-size", "4", "--step-sleep", "0.05", "--kill-rank", "2",
             "--kill-step", "6", "--init-method", "file://" + store]
     env = dict(os.environ, WORLD_SIZE="4", COMM_TRANSPORT=transport,
-               COMM_TIMEOUT_MS=os.environ.get("FT_TIMEOUT_MS", "10000"))
+               COMM_TIMEOUT_MS=os.environ.get("FT_TIMEOUT_MS", "10000"), **(extra_env or {}))
     procs = [subprocess.Popen([PY, RANK_SCRIPT] + args, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(4)]
     started, unavailable, lock = [], [], threading.Lock()
@@ -185,14 +192,61 @@ def join_test(transport):
     if not started:
         check(codes, lines, [0, 1, 3], 20, 2)  # fails: names what happened instead
     jcodes, jlines = collect(started)
-    joined = jlines[0]
-    codes, lines = codes + jcodes, lines + jlines
+    return codes + jcodes, lines + jlines
+
+
+def join_test(transport):
+    codes, lines = join_run(transport)
     finals = [FINAL.match(line) for ls in lines for line in ls]
     steps = {int(m.group(2)) for m in finals if m}
     check(codes, lines, [0, 1, 3, 4], steps.pop() if len(steps) == 1 else -1, 2,
           outcome=None, joiner=4)
-    if not any("joined at step" in line for line in joined):
-        sys.exit("FAIL: the replacement never said it joined\n" + "\n".join(joined[-40:]))
+    if not any("joined at step" in line for line in lines[4]):
+        sys.exit("FAIL: the replacement never said it joined\n" + "\n".join(lines[4][-40:]))
+
+
+def repair_test(how):
+    """The sha256 check after a join: rank 1's parameter and momentum buffer diverge just before it
+    (ft_rank.py's FT_CORRUPT). once: every process warns naming the rank, rank 1 names what differs,
+    the state is taken from rank 0 once (rank 1 keeps its own RNG states: not shared), and all end
+    bitwise equal. always (the repair cannot fix
+    it): every process stops with FaultToleranceError naming the rank after one repair, no loop."""
+    codes, lines = join_run("socket", {"FT_CORRUPT": f"1:{how}"})
+    faults = [re.match(r"^# \[1\] test fault: (.*) as rank (\d+) of 4$", line) for line in lines[1]]
+    faults = [m for m in faults if m]
+    bad = [] if faults else ["rank 1 never corrupted its state at the join"]
+    victim = int(faults[0].group(2)) if faults else -1
+    said = f"ranks [{victim}] hold other parameters or state than rank 0"
+    if how == "once":
+        for r in (0, 1, 3, 4):
+            warned = [line for line in lines[r] if "after the join, " + said in line]
+            if len(warned) != 1:
+                bad.append(f"process {r} warned {len(warned)} times of the mismatch of rank {victim}, not once")
+            elif r == 1 and "(here: optimizer, parameters)" not in warned[0]:
+                bad.append(f"rank 1's warning does not name what differs: {warned[0]}")
+        if not any("test fault: after the repair, own RNG state kept" in line for line in lines[1]):
+            bad.append("rank 1's own RNG state was not kept through the repair (or never checked)")
+        if not bad:
+            finals = [FINAL.match(line) for ls in lines for line in ls]
+            steps = {int(m.group(2)) for m in finals if m}
+            check(codes, lines, [0, 1, 3, 4], steps.pop() if len(steps) == 1 else -1, 2, joiner=4)
+    else:
+        if len(faults) != 2:  # the join's corruption, then the repair's: one repair, no second
+            bad.append(f"rank 1 was corrupted {len(faults)} times, not twice (once, then after one repair)")
+        for r in (0, 1, 3, 4):
+            stops = [line for line in lines[r] if said + " even after taking rank 0's" in line]
+            if codes[r] in (0, "hung") or not stops:
+                bad.append(f"process {r} (exit {codes[r]}) did not stop naming rank {victim}")
+            if r != 4 and not any(line.startswith(f"# [{r}] stops: ") for line in lines[r]):
+                bad.append(f"rank {r} did not stop with FaultToleranceError")
+    if bad:
+        for r, ls in enumerate(lines):
+            print(f"---- process {r} (exit {codes[r]}) ----")
+            print("\n".join(ls[-int(os.environ.get("FT_SHOW", "60")):]))
+        sys.exit("FAIL: " + "; ".join(bad))
+    print(f"ok: repair {how}: rank {victim}'s diverged state " +
+          ("was taken from rank 0 once; all ranks end bitwise equal" if how == "once" else
+           "still differed after one repair: every process stopped, naming it"))
 
 
 def refuse_test():
@@ -216,6 +270,8 @@ def main():
         join_test(sys.argv[2])
     elif what == "refuse":
         refuse_test()
+    elif what == "repair":
+        repair_test(sys.argv[2] if len(sys.argv) > 2 else "once")
     else:
         sys.exit(__doc__.split("usage: ")[-1])
     for store in STORES:

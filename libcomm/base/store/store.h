@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "deadline.h"
 #include "status.h"
@@ -48,6 +49,8 @@ class Store {
 // ranks 1..size-1 (a failure names the first rank that did not confirm).
 Status confirm_read(Store& store, const std::string& key, int rank);
 Status wait_read_by_all(Store& store, const std::string& key, int size, Deadline deadline);
+// The same for the given ranks only (the ranks that took part in an agreement).
+Status wait_read_by(Store& store, const std::string& key, const std::vector<int>& ranks, Deadline deadline);
 
 // Every key gets "prefix/" in front: one store serves many communicators.
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string& prefix);
