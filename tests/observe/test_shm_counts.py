@@ -11,8 +11,9 @@ slots, shm_slots: each rank reads each peer's 64-byte slot). Neither moves a mes
 are what the algorithm determines: per call, from and to peer p on rank r, (len(p) + len(r)) * 4
 bytes, and 64 bytes for the slots; the runtime's own dissemination barrier (the "internal"
 collective) adds its one byte per message, one each way per peer with 3 ranks. Asserted exactly. The waits: on ranks 0 and 1, peer 2 must have the largest
-libcomm_peer_recv_wait_seconds_total (only the ranking is asserted, never a time). Exits 77 (skipped)
-without the metrics plugin.
+libcomm_peer_recv_wait_seconds_total (only the ranking is asserted, never a time). Then the large
+job over UCX (COMM_TRANSPORT=ucx, where libcomm was built with it): a ring, so rank 0 receives only
+from rank 2, and must have waited for it. Exits 77 (skipped) without the metrics plugin.
 """
 import os
 import re
@@ -95,6 +96,32 @@ def check(tmp, count, algorithm, per_call):
     return ok
 
 
+def ucx_waits(tmp, count):
+    """The large job over UCX: rank 0's whole-call waits name rank 2 (its ring neighbour, the slow one)."""
+    out = os.path.join(tmp, "ucx")
+    os.mkdir(out)
+    env = dict(os.environ, COMM_TRANSPORT="ucx", COMM_TIMEOUT_MS="60000",
+               COMM_METRICS_TEXTFILE=os.path.join(out, "final-%r.prom"))
+    for key in ("COMM_ALGO", "COMM_METRICS_ADDR", "COMM_STRAGGLER_MS"):
+        env.pop(key, None)
+    run = subprocess.run([os.path.join(BUILD, "tools/comm-run/comm-run"), "-n", str(RANKS), "--bind", "none",
+                          "--timeout-s", "60", "--", os.path.join(BUILD, "tests/observe/rank_loop"), str(ITERATIONS),
+                          str(SLOW), str(SLOW_MS), str(count)], env=env, capture_output=True, text=True, timeout=90)
+    if run.returncode != 0 and "UNAVAILABLE" in run.stdout + run.stderr:
+        print("SKIP (this part): libcomm was built without UCX")
+        return True
+    if run.returncode != 0:
+        print(f"FAIL: the UCX job failed (exit {run.returncode}):\n{(run.stdout + run.stderr)[-4000:]}")
+        return False
+    peers, _ = final_counts(os.path.join(out, "final-0.prom"))
+    whole = {p: v.get("libcomm_peer_recv_wait_seconds_total", 0.0) for p, v in peers.items()}
+    print(f"ucx rank 0: whole-call waits {', '.join(f'{p}: {w * 1000:.1f} ms' for p, w in sorted(whole.items()))}")
+    if not whole or max(whole, key=whole.get) != SLOW or whole[SLOW] <= 0:
+        print(f"FAIL: over UCX rank 0 should have waited longest for rank {SLOW}; its whole-call waits: {whole}")
+        return False
+    return True
+
+
 def main():
     if not os.path.exists(os.path.join(BUILD, "libcomm_metrics.so")):
         print("SKIP: the metrics plugin was not built (apt-get install prometheus-cpp-dev)")
@@ -104,9 +131,10 @@ def main():
         large = 300001
         ok = check(tmp, large, "shm_direct", lambda r, p: (slice_len(large, p) + slice_len(large, r)) * 4)
         ok = check(tmp, 16, "shm_slots", lambda r, p: 16 * 4) and ok
+        ok = ucx_waits(tmp, large) and ok
         if ok:
             print(f"OK: over shared memory, the bytes each way per peer are the algorithms', and ranks 0-{SLOW - 1} "
-                  f"waited longest for rank {SLOW}")
+                  f"waited longest for rank {SLOW} (over UCX too)")
         return 0 if ok else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
