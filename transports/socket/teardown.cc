@@ -42,7 +42,7 @@ SocketTransport::~SocketTransport() {
   stop_progress_thread();
   // A failed rank already told its peers why; an aborted one looks dead to them, as it is.
   if (aborted_.load(std::memory_order_acquire) || !failed_.ok()) return;
-  std::vector<pollfd> open;  // half-closed connections whose peer has not closed yet
+  std::vector<pollfd> open;  // half-closed connections whose peer may still lack some of our bytes
   for (auto& c : conns_) {
     // Closed: a peer that left (or died) already; nothing of ours can reach it any more.
     if (c.closed || !c.fd.valid() || mid_frame(c)) continue;
