@@ -115,6 +115,9 @@ class LocalAccess {
   virtual Status wait_mark(int i, Mark mark, uint64_t steps) = 0;
   // Ends a large call: returns once no local peer reads this rank's buffers any more.
   virtual Status finish() = 0;
+  // Per-peer bytes of a call that moved no messages (docs/observability.md, "Per-peer bytes over
+  // shared memory"): what local rank i read of this rank's buffers (sent) and this rank of its.
+  virtual void count_bytes(int i, uint64_t sent, uint64_t received) = 0;
 };
 
 // Where a socket-based transport listens: the interface the core chose from the plan and

@@ -43,13 +43,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  /* A sent message is done once the kernel has it: over a slow link the last all-to-all's bytes may
-   * still be on their way when a rank exits, and a close with data unread resets them. The barrier
-   * ends only after every rank has received everything. */
-  if (alltoall && comm_barrier(comm, NULL) != COMM_OK) {
-    fprintf(stderr, "rank %d: barrier: %s\n", rank, comm_last_error(comm));
-    return 1;
-  }
+  /* No barrier before comm_destroy: over a slow link the last all-to-all's bytes may still be on their
+   * way when a rank exits, and comm_destroy waits for them (tests/observe/test_destroy_drain.py). */
   if (y != x) free(y);
   free(x);
   comm_destroy(comm);

@@ -54,7 +54,10 @@ Status ShmTransport::post() {
   return Status::Ok();
 }
 
-Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_least, const char* what) {
+// Per-peer waits: a wait for a peer's mark is a wait for it to move this call's data (its bytes
+// in transit, as a socket's transfer wait), not for it to start the call (wait_posted's).
+Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_least, const char* what,
+                                  bool flowing) {
   uint64_t last = c.load(std::memory_order_acquire);
   if (last >= at_least) return Status::Ok();
   Status st = await(tag_.order,
@@ -72,7 +75,8 @@ Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_l
         return Timeout("no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
                        std::to_string(rank()) + " waited on " + who(i) + " (" + what + " " + describe(tag_) +
                        " over shared memory); is that rank still running, and calling the same operation?");
-      });
+      },
+      [&](uint64_t ns) { charge(i, ns, flowing); });
   return st.ok() ? st : note_peer(st, i);
 }
 
@@ -100,7 +104,8 @@ Status ShmTransport::wait_slot(int i) {
           return Timeout("no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
                          std::to_string(rank()) + " waited on " + who(i) + " (its part of " + describe(tag_) +
                          " over shared memory); is that rank still running, and calling the same operation?");
-        });
+        },
+        [&](uint64_t ns) { charge(i, ns, false); });
     if (!st.ok()) return note_peer(st, i);
   }
   const OpTag theirs = op_tag(h->tag);
@@ -115,7 +120,7 @@ Status ShmTransport::wait_posted(int i) {
   if (small_call_) return wait_slot(i);
   Peer& p = peers_[static_cast<size_t>(i)];
   const bool waited = p.lines->posted.value.load(std::memory_order_acquire) < call_;
-  COMM_RETURN_IF_ERROR(wait_counter(i, p.lines->posted.value, call_, "its part of"));
+  COMM_RETURN_IF_ERROR(wait_counter(i, p.lines->posted.value, call_, "its part of", false));
   // It is at most one call ahead: this call's descriptor is not rewritten before we finish.
   std::memcpy(static_cast<void*>(&p.desc), &p.lines->desc[call_ % 2], sizeof p.desc);
   const OpTag theirs = op_tag(p.desc.tag);
@@ -212,15 +217,22 @@ Status ShmTransport::wait_mark(int i, Mark mark, uint64_t steps) {
   if (i == me_) return Status::Ok();
   Peer& p = peers_[static_cast<size_t>(i)];
   const int m = static_cast<int>(mark);
-  return wait_counter(i, p.lines->marks[m].value, p.desc.mark_base[m] + steps, mark_name(mark));
+  return wait_counter(i, p.lines->marks[m].value, p.desc.mark_base[m] + steps, mark_name(mark), true);
 }
 
 Status ShmTransport::finish() {
   my_lines_->finished.value.store(call_, std::memory_order_release);
   ring_all();
   for (int i = 0; i < static_cast<int>(peers_.size()); ++i)
-    if (i != me_) COMM_RETURN_IF_ERROR(wait_counter(i, peers_[static_cast<size_t>(i)].lines->finished.value, call_, "the end of"));
+    if (i != me_) COMM_RETURN_IF_ERROR(wait_counter(i, peers_[static_cast<size_t>(i)].lines->finished.value, call_, "the end of", true));
   return Status::Ok();
+}
+
+void ShmTransport::count_bytes(int i, uint64_t sent, uint64_t received) {
+  if (i == me_ || arrivals() == nullptr) return;
+  const int peer = peers_[static_cast<size_t>(i)].rank;
+  moved_bytes(peer, true, sent);
+  moved_bytes(peer, false, received);
 }
 
 }  // namespace comm::transport::shm

@@ -61,6 +61,7 @@ Status ShmTransport::post_request(const Post& call, RequestId* id) {
   r.bytes = bytes;
   r.moved = 0;
   r.until_tail = 0;
+  r.awaited = false;
   r.any = false;
   ++active_;
   Peer& p = peers_[static_cast<size_t>(i)];
@@ -90,6 +91,7 @@ Status ShmTransport::post_any(const OpTag& tag, const uint64_t* next_seq, void* 
   r.bytes = bytes;
   r.moved = 0;
   r.until_tail = 0;
+  r.awaited = false;
   r.any = true;
   r.source = source;
   r.next_seq = next_seq;

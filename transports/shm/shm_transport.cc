@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/arrivals.h"
 #include "common/silence.h"
 #include "log.h"
 #include "params.h"
@@ -209,6 +210,21 @@ void ShmTransport::lost_peers(std::vector<int>* out) {
 
 // ---- waits on requests -------------------------------------------------------------------
 
+void ShmTransport::charge(int i, uint64_t ns, bool flowing) {
+  if (Arrivals* a = arrivals()) a->waited(peers_[static_cast<size_t>(i)].rank, ns, flowing);
+}
+
+// As the socket transport's drive: a receive unfinished at the last look (or still unfinished)
+// had the stretch; one that had begun to come (bytes copied) had it in transit.
+void ShmTransport::charge_requests(const RequestId* ids, size_t n, uint64_t ns) {
+  for (size_t k = 0; k < n; ++k) {
+    Request& r = pool_.of(ids[k]);
+    if (r.is_send || r.any) continue;
+    if (r.awaited || !r.done) charge(r.peer, ns, r.moved > 0);
+    r.awaited = !r.done;
+  }
+}
+
 Status ShmTransport::wait(const RequestId* ids, size_t n) {
   COMM_RETURN_IF_ERROR(usable());
   COMM_RETURN_IF_ERROR(pool_.lookup_all(ids, n));
@@ -234,7 +250,8 @@ Status ShmTransport::wait(const RequestId* ids, size_t n) {
                          std::to_string(rank()) + " waited on " + text +
                          "; is that rank still running, and calling the same operation?");
         return Status::Ok();
-      });
+      },
+      [&](uint64_t ns) { charge_requests(ids, n, ns); });
   if (!st.ok()) return note_unfinished(st, ids, n);
   for (size_t i = 0; i < n; ++i) release(decltype(pool_)::index_of(ids[i]));
   return Status::Ok();
@@ -262,7 +279,8 @@ Status ShmTransport::wait_some(const RequestId* ids, size_t n) {
                          std::to_string(rank()) + " waited on " + text +
                          "; is that rank still running, and calling the same operation?");
         return Status::Ok();
-      });
+      },
+      [&](uint64_t ns) { charge_requests(ids, n, ns); });
   return st.ok() ? st : note_unfinished(st, ids, n);
 }
 

@@ -43,6 +43,7 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   size_t bytes = 0;
   size_t moved = 0;          // bytes copied into (send) or out of (receive) the channel so far
   uint64_t until_tail = 0;   // zero-copy send: done once the receiver's tail reaches this
+  bool awaited = false;      // a receive the wait's last look found unfinished (charge_requests)
   uint32_t next = kNil;      // the queue it is in
   // A receive from any rank (irecv_any) until it matched: peer -1, in any_recvs_.
   bool any = false;
@@ -124,6 +125,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   void publish(Mark mark, uint64_t steps) override;
   Status wait_mark(int i, Mark mark, uint64_t steps) override;
   Status finish() override;
+  void count_bytes(int i, uint64_t sent, uint64_t received) override;
 
   // Whether peers may be read with process_vm_readv (agreed communicator-wide at setup).
   bool cma() const { return domain_->cma(); }
@@ -135,10 +137,16 @@ class ShmTransport final : public Transport, public LocalAccess {
   // drives progress; slow(timed_out) runs between sleeps: deaths and disagreements of the
   // peers this wait involves, and (timed_out) the TIMEOUT naming them. Bounded by timeout_ms
   // of no progress; ends at once on abort or a peer's reported failure. Every failure is kept
-  // (fail): the transport stays failed, as transport.h says.
-  template <class Step, class Slow>
+  // (fail): the transport stays failed, as transport.h says. charge(ns): the stretch since the
+  // loop last read its clock, for the peers this wait needs (per-peer waits, Arrivals::waited).
+  template <class Step, class Slow, class Charge>
   // order: the operation waited on (OpTag::order), for peers' reports (Transport::concerns).
-  Status await(uint64_t order, Step&& step, Slow&& slow);
+  Status await(uint64_t order, Step&& step, Slow&& slow, Charge&& charge);
+  // Per-peer waits over the whole call (docs/observability.md, "Per-peer waits over the whole
+  // call"): ns charged to local peer i; flowing: its data of this wait had begun to come.
+  void charge(int i, uint64_t ns, bool flowing);
+  // A wait on requests: the stretch to the peers of receives unfinished at the last look.
+  void charge_requests(const RequestId* ids, size_t n, uint64_t ns);
   Status usable();
   Status fail(const Status& st) {
     if (failed_.ok()) failed_ = st;
@@ -198,7 +206,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   Status channel_disagreement(int i, const OpTag& mine);
 
   // ---- one-sided (local_access.cc)
-  Status wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_least, const char* what);
+  Status wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_least, const char* what, bool flowing);
   Status wait_slot(int i);
   SlotHead* slot_head(int i);
 
@@ -240,8 +248,8 @@ class ShmTransport final : public Transport, public LocalAccess {
 // ---- the one wait loop ------------------------------------------------------------------------
 namespace comm::transport::shm {
 
-template <class Step, class Slow>
-Status ShmTransport::await(uint64_t order, Step&& step, Slow&& slow) {
+template <class Step, class Slow, class Charge>
+Status ShmTransport::await(uint64_t order, Step&& step, Slow&& slow, Charge&& charge) {
   using Clock = std::chrono::steady_clock;
   COMM_RETURN_IF_ERROR(usable());
   const auto timeout = std::chrono::milliseconds(options_.timeout_ms);
@@ -249,12 +257,29 @@ Status ShmTransport::await(uint64_t order, Step&& step, Slow&& slow) {
   auto spin_until = last_move + spin_;
   unsigned spins = 0;
   int sleeps = 0;
+  // Per-peer waits: charged only at the clock reads this loop makes anyway (every 64 spins, each
+  // move, each wake-up), plus one when a wait that got that far ends. A wait that ends before the
+  // first of them (a few microseconds of spinning) reads no clock for it and is not charged.
+  const bool charging = arrivals() != nullptr;
+  auto charged_at = last_move;
+  bool looked = false;
+  auto settle = [&](Clock::time_point now) {
+    if (!charging) return;
+    charge(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - charged_at).count()));
+    charged_at = now;
+    looked = true;
+  };
+  auto ended = [&] {
+    if (looked) settle(Clock::now());
+    return Status::Ok();
+  };
   for (;;) {
     bool done = false, moved = false;
     if (Status st = step(&done, &moved); !st.ok()) return fail(st);
-    if (done) return Status::Ok();
+    if (done) return ended();
     if (moved) {
       last_move = Clock::now();
+      settle(last_move);
       spin_until = last_move + spin_;
       continue;
     }
@@ -264,6 +289,7 @@ Status ShmTransport::await(uint64_t order, Step&& step, Slow&& slow) {
       continue;
     }
     const auto now = Clock::now();
+    settle(now);
     if (now < spin_until) continue;
     if (now < spin_until + yield_) {
       // More ranks than cores: let the peer we wait for have this core, and stay runnable
@@ -288,10 +314,12 @@ Status ShmTransport::await(uint64_t order, Step&& step, Slow&& slow) {
       futex_wait(&my_lines_->doorbell.word, bell, std::min(kSliceNs, kFirstSliceNs << std::min(sleeps++, 20)));
     my_lines_->sleeping.value.store(0, std::memory_order_relaxed);
     if (!st.ok()) return fail(st);
-    if (done) return Status::Ok();
+    if (done) return ended();
     if (moved) sleeps = 0;
-    last_move = moved ? Clock::now() : last_move;
-    spin_until = Clock::now() + (moved ? spin_ : std::chrono::nanoseconds(0));
+    const auto woke = Clock::now();
+    settle(woke);
+    last_move = moved ? woke : last_move;
+    spin_until = woke + (moved ? spin_ : std::chrono::nanoseconds(0));
   }
 }
 

@@ -1,37 +1,14 @@
 // Idle detection on sockets (docs/design/core.md, "Idle detection"): between calls the
 // communicator's watcher reads what peers sent, beats on connection 0 of every connected
 // peer, and fails when a peer closed a connection without GOODBYE (it died) or sent nothing
-// for the timeout (it is stopped). comm_destroy says GOODBYE, so a peer that finished first
-// is not taken for a dead one.
+// for the timeout (it is stopped). comm_destroy says GOODBYE (teardown.cc), so a peer that
+// finished first is not taken for a dead one.
 #include <sys/socket.h>
 
 #include "common/silence.h"
 #include "socket/socket_transport_impl.h"
 
 namespace comm::transport::sock {
-
-SocketTransport::~SocketTransport() {
-  stop_progress_thread();
-  // A failed rank already told its peers why; an aborted one looks dead to them, as it is.
-  if (aborted_.load(std::memory_order_acquire) || !failed_.ok()) return;
-  for (auto& c : conns_) {
-    if (c.closed || !c.fd.valid() || mid_frame(c)) continue;
-    // Unread bytes at close() make the kernel answer with a reset instead of a FIN: read them
-    // away first, then GOODBYE and FIN, so the peer reads GOODBYE before it sees the close.
-    char sink[4096];
-    for (int i = 0; i < 64 && ::recv(c.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
-    }
-    FrameHeader h{};
-    h.magic = kFrameMagic;
-    h.kind = static_cast<uint8_t>(FrameKind::kGoodbye);
-    h.coll = static_cast<uint8_t>(CollKind::kInternal);
-    h.root = rank();
-    iovec iov{&h, sizeof h};
-    ssize_t n = conn_send(c, &iov, 1);
-    (void)n;  // best effort: a peer that misses it takes this close for a death
-    ::shutdown(c.fd.get(), SHUT_WR);
-  }
-}
 
 bool SocketTransport::flush_beat(Connection& c) {
   while (c.beat_left != 0) {

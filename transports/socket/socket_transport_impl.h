@@ -38,7 +38,8 @@ class SocketTransport final : public Transport {
  public:
   // mesh: null for a single rank; links: what eager mode connected at setup.
   SocketTransport(Options options, int nconns, std::unique_ptr<Mesh> mesh, std::vector<MeshLink> links, Fd wake);
-  // Says GOODBYE on every connection, so peers that idle do not take the close for a death.
+  // Says GOODBYE on every connection, so peers that idle do not take the close for a death,
+  // and waits (bounded) until each peer has every byte (teardown.cc).
   ~SocketTransport() override;
 
   const char* name() const override { return "socket"; }
@@ -156,6 +157,8 @@ class SocketTransport final : public Transport {
   // Idle detection (heartbeat.cc): a HEARTBEAT to every connected peer when one is due.
   void beat(Clock::time_point now);
   bool flush_beat(Connection& c);  // false: the socket buffer is still full
+  // comm_destroy: waits, bounded, until the peers of these half-closed connections have every byte (teardown.cc).
+  void drain(std::vector<pollfd>& open);
   int64_t silence_limit_ms() const;  // a connected peer silent this long is stopped or hung
   // Over TLS a frame may be on its way with 0 of its bytes counted (records sealed, in part sent).
   bool mid_frame(Connection& c) {

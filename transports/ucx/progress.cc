@@ -144,6 +144,7 @@ Status UcxTransport::start_request(Request& r) {
   const OpTag& tag = r.tag;
   const size_t bytes = r.bytes;
   r.parts_left = bytes > 0 ? 2 : 1;  // an empty message is its header alone
+  r.awaited = false;
   Peer& p = peers_[static_cast<size_t>(peer)];
   const uint64_t number = is_send ? p.sent++ : p.received++;
   const uint64_t wire_tag = data_tag(is_send ? rank() : peer, number);
@@ -333,7 +334,23 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
     return this->fail(st);
   };
   ProgressClock clock(options_.timeout_ms, kSpin);
+  // Per-peer waits over the whole call (docs/observability.md, "Per-peer waits over the whole
+  // call"), as the socket transport's drive: the stretch between two looks (this loop reads its
+  // clock anyway) goes to the receives the earlier look found unfinished; in transit once the
+  // header part had come.
+  Arrivals* const charge = arrivals();
+  Clock::time_point last_look{};
+  bool charging = false;
   for (;;) {
+    Clock::time_point now{};
+    if (charging) {
+      now = Clock::now();
+      const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_look).count());
+      for (size_t i = 0; i < n; ++i) {
+        const Request& r = pool_.of(ids[i]);
+        if (r.awaited) charge->waited(r.peer, ns, r.bytes > 0 && !r.parts[0].pending);
+      }
+    }
     bool all_done = true, some_done = false;
     for (size_t i = 0; i < n; ++i) {
       Request& r = pool_.of(ids[i]);
@@ -353,7 +370,16 @@ Status UcxTransport::drive(const RequestId* ids, size_t n, bool any) {
       if (!st.ok()) return fail(st);
     }
     if (aborted_.load(std::memory_order_acquire)) return usable();
-    const Clock::time_point now = Clock::now();
+    if (!charging) now = Clock::now();
+    if (charge != nullptr) {
+      charging = false;
+      for (size_t i = 0; i < n; ++i) {
+        Request& r = pool_.of(ids[i]);
+        r.awaited = r.parts_left > 0 && !r.is_send && !r.any;
+        charging = charging || r.awaited;
+      }
+      last_look = now;
+    }
     if (clock.expired(now)) return fail(Timeout(timeout_message(ids, n)));
     const uint64_t before = completions_;
     const unsigned events = ucx_library().ucp_worker_progress(worker_);

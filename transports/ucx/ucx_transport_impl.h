@@ -87,6 +87,7 @@ struct Request {  // in the transport's RequestPool (transports/common/request_p
   WireHeader header;      // sends: what goes out; receives: what arrived
   Part parts[2];          // [0] header, [1] payload (not used for empty messages)
   uint8_t parts_left = 0;
+  bool awaited = false;  // a receive the wait's last look found unfinished (per-peer waits)
   // A receive from any rank (irecv_any) until it matched: peer -1, nothing started, in the
   // transport's queue of such receives (threaded through any_next).
   bool any = false;

@@ -46,6 +46,10 @@ Status run(Context& ctx, const CollArgs& args) {
     fn(out, out, part(i), args.count);
   }
   if (args.op == COMM_AVG) avg_finalize(out, args.count, args.dtype, n);
+  // Per-peer bytes (docs/observability.md, "Per-peer bytes over shared memory"): each peer read
+  // this rank's slot, and this rank each peer's.
+  for (int i = 0; i < n; ++i)
+    if (i != me) la.count_bytes(i, bytes, bytes);
   return Status::Ok();
 }
 

@@ -173,7 +173,14 @@ Status DirectRun::share_and_gather() {
 
 Status DirectRun::finish() {
   if (stream_out_) streaming_fence();  // the caller (and any later publish) sees the result
-  return la_.finish();
+  COMM_RETURN_IF_ERROR(la_.finish());
+  // Per-peer bytes, once per call and peer (docs/observability.md, "Per-peer bytes over shared
+  // memory"): from local rank p came its input of this rank's slice and its result slice; to it
+  // went this rank's input of p's slice and this rank's result slice.
+  const uint64_t mine = layout_.len(me_) * esz_;
+  for (int p = 0; p < n_; ++p)
+    if (p != me_) la_.count_bytes(p, layout_.len(p) * esz_ + mine, mine + layout_.len(p) * esz_);
+  return Status::Ok();
 }
 
 }  // namespace comm::algo
