@@ -166,7 +166,9 @@ class FaultTolerance:
     # ---- recovery ----
     def _recover(self):
         start = time.monotonic()
-        record = {"step": self.step, "failed": [], "phase": PHASE[self.failed_phase],
+        # "started": the monotonic clock (one per machine) at the first look at the failure, so
+        # that a driver that knows when it killed a rank can tell the detection time.
+        record = {"step": self.step, "failed": [], "phase": PHASE[self.failed_phase], "started": start,
                   "error": str(self.failure).splitlines()[0][:300]}
         self.recoveries.append(record)
         idle_rounds = 0  # rounds in a row in which the agreement found no failed rank
@@ -359,6 +361,7 @@ class FaultTolerance:
 
     def _grow(self):
         ddp = self.ddp
+        asked = time.monotonic()
         try:
             new = ddp._user_comm.grow(None)  # COMM_GROW_WAITING: the same answer on every member
         except errors.UnavailableError as e:
@@ -376,8 +379,10 @@ class FaultTolerance:
         except errors.CommError:
             pass
         self._as_at_wrap()
-        self._exchange_state()
-        self.joins.append({"step": self.step, "size": new.size, "seconds": time.monotonic() - start})
+        sent = self._exchange_state()
+        # seconds: from the grow's return (the state transfer); grow: the comm_grow call itself.
+        self.joins.append({"step": self.step, "size": new.size, "seconds": time.monotonic() - start,
+                           "grow": start - asked, "bytes": sent})
 
     def _as_at_wrap(self):
         """The collectives a joiner's DistributedDataParallel(...) and register_comm_hook make."""
@@ -411,11 +416,11 @@ class FaultTolerance:
         self.skip_grow = True
         start = time.monotonic()
         try:
-            self._exchange_state()
+            got = self._exchange_state()
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"joining failed while receiving the state: {e}") from e
         self.joins.append({"step": self.step, "size": self.ddp._user_comm.size,
-                           "seconds": time.monotonic() - start, "joined": True})
+                           "seconds": time.monotonic() - start, "joined": True, "bytes": got})
 
     def boundary(self):
         """ddp.step()'s end, after the optimizer: the step boundary, where joiners are admitted (so
@@ -431,7 +436,8 @@ class FaultTolerance:
     def _exchange_state(self):
         """Rank 0's step, registered state and RNG states to every rank (a joiner takes them),
         then every rank's sha256 of the shared part: a rank that differs from rank 0 is repaired
-        from it once; one that still differs stops every rank (FaultToleranceError)."""
+        from it once; one that still differs stops every rank (FaultToleranceError). Returns the
+        bytes of rank 0's blob."""
         comm = self.ddp._comm
         joined = self.skip_grow  # set by receive_state on the joiner
         raw = ft_state.broadcast_blob(comm, ft_state.pack(self.step, self.registered) if comm.rank == 0 else None)
@@ -442,7 +448,7 @@ class FaultTolerance:
             table = ft_state.gather_digests(comm, mine)
             differ = [r for r in range(comm.size) if not np.array_equal(table[r], table[0])]
             if not differ:
-                return
+                return len(raw)
             if attempt == 1:
                 raise FaultToleranceError(
                     self._where() + f"ranks {differ} hold other parameters or state than rank 0 even "
