@@ -222,6 +222,13 @@ static int train(void) {
   const int victim = getenv("GROW_VICTIM") ? atoi(getenv("GROW_VICTIM")) : -1;
   const int stop = getenv("GROW_STOP") != NULL && atoi(getenv("GROW_STOP")) == 1;
   const long steps = getenv("GROW_STEPS") ? atol(getenv("GROW_STEPS")) : 10;
+  /* GROW_EARLY=FILE: the first replacement dies before it asks to join (the file marks that it did). */
+  const char* early = getenv("GROW_EARLY");
+  if (joining && early != NULL && access(early, F_OK) != 0) {
+    FILE* f = fopen(early, "w");
+    if (f != NULL) fclose(f);
+    raise(SIGKILL);
+  }
   comm_t c = NULL;
   comm_status_t st = comm_init(NULL, &c);
   if (st != COMM_OK) return fail("comm_init", st), 1;
