@@ -61,6 +61,15 @@ rm -f "$mark"
 if grep -q "rank 1: its replacement #1 killed by signal 9 (Killed) before the others admitted it: starting it again" \
    <<<"$out"; then pass "the unadmitted replacement was started again"; else fail "the unadmitted replacement was not restarted"; fi
 
+# The replacement dies once a comm_grow answered it: counted into the slot, so comm-run cannot
+# tell it from a member, and the members' comm_grow fails (shared memory waits for it); they record
+# it excluded, and comm-run replaces it (else the slot stays empty: no agreement ever names it).
+mark=$(mktemp -u /tmp/grow-hello-XXXXXX)
+run_job "rank 2 SIGKILLed, its replacement dies once answered" GROW_VICTIM=2 GROW_HELLO_EXIT="$mark"
+rm -f "$mark"
+if grep -q "starting its replacement #2 with COMM_JOIN=1" <<<"$out"; then
+  pass "the replacement that died in its join was replaced"; else fail "the replacement that died in its join was not replaced"; fi
+
 # Without --replace-failed: unchanged, a lost rank ends the job.
 out=$(env COMM_TIMEOUT_MS=4000 GROW_STEPS=12 GROW_VICTIM=1 timeout 120 "$RUN" -n 4 --bind none --timeout-s 100 -- \
       "$WORKER" train 2>&1)
