@@ -11,12 +11,12 @@ it does what `comm-run --replace-failed` does for a local job (comm-run cannot s
 its store listens on 127.0.0.1 of its own namespace), reading the exclusions from the job's
 file:// store, which outlives every rank. An event is made only while every slot holds a member
 (the world is back at N ranks) and before --events-until of the steps (so that the last
-replacement joins before the end). The events, in order: a SIGKILL; a SIGSTOP (the survivors time
-out on it and exclude it, its slot's supervisor SIGKILLs it and starts its replacement); one kill
-during an agreement or a join (--special: "agree", a second member killed 0.02-0.3 s after the
+replacement joins before the end). The events, in order: one kill during an agreement or a join,
+tried again at the next event until it happens (--special: "agree", a second member killed 0.02-0.3 s after the
 first, only where the two leave a strict majority; "join-member", a member killed 0-0.3 s after
 a replacement said it is joining; "join-joiner", that replacement itself killed then; by default
-the kind cycles with the run's index); then SIGKILLs. Each run's seed is its index modulo 5,
+the kind cycles with the run's index); a SIGSTOP (the survivors time out on it and exclude
+it, its slot's supervisor SIGKILLs it and starts its replacement); then SIGKILLs. Each run's seed is its index modulo 5,
 so that its final loss can be held against the band of the failure-free runs of seeds 0-4
 (--calm, which writes the band to --band). bench/chaos_report.py reads each run's files.
 """
@@ -170,16 +170,16 @@ def one_run(args, index):
         if not args.calm and now >= next_at and full and armed is None and job.step() < args.events_until * args.steps:
             next_at = now + args.kill_every * rng.uniform(0.7, 1.3)
             victim = rng.randrange(n)
-            if len(events) == 1 and args.stop:
+            if special is None and args.stop and not any(e["kind"] == "stop" for e in events):
                 if hit(victim, "stop"):
                     stopped = ((victim, events[-1]["k"]), now + 2 * args.timeout_ms / 1000 + 5)
-            elif special and len(events) >= 2 and special == "agree":
+            elif special == "agree":
                 if hit(victim, "kill"):
                     time.sleep(rng.uniform(0.02, 0.3))
                     other = rng.choice([s for s in range(n) if s != victim and job.is_member(s, gone)])
                     hit(other, "kill-agree", f"{time.monotonic() - events[-1]['t']:.2f} s after the first")
                 special = None
-            elif special and len(events) >= 2:
+            elif special:
                 if hit(victim, "kill"):
                     # The join: from its "joining" line to its admission at the members' next step
                     # boundary, a few tenths of a second.
