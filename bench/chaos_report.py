@@ -96,14 +96,16 @@ def summarize(rundir, n, steps, seed, events, hung, wall, band, index, shape):
         g["took"] = max(g["took"], r["took"])
         for name, v in r["parts"].items():
             g["parts"][name] = max(g["parts"].get(name, 0.0), v)
-    # Each recovery belongs to the earliest events before it not yet accounted for, as many as it
-    # found failed (two kills agreed on in one round are one recovery).
+    # Each recovery belongs to the latest events before it not yet accounted for, as many as it
+    # found failed (two kills agreed on in one round are one recovery); an event with no recovery
+    # of its own (a replacement killed before it was admitted) takes none.
     taken = [False] * len(events)
     per_event = [None] * len(events)
     for key in sorted(groups, key=lambda k: groups[k]["start"]):
         g = groups[key]
         count = max(1, len([x for x in key[1].split(",") if x.strip()]))
-        for i, e in enumerate(events):
+        for i in sorted(range(len(events)), key=lambda i: -events[i]["t"]):
+            e = events[i]
             if count and not taken[i] and e["t"] <= g["start"]:
                 taken[i] = True
                 count -= 1
