@@ -1,54 +1,43 @@
 #!/usr/bin/python3
 """Chaos for fault-tolerant training (issue 35): examples/fault_tolerant_train.py on netsim hosts
-while this driver SIGKILLs a random rank (rank 0 included) every ~--kill-every seconds and
-SIGSTOPs one once (woken after 2 x COMM_TIMEOUT_MS + 5 s: it must find itself excluded and exit).
+while this driver SIGKILLs a random rank (rank 0 included) every ~--kill-every seconds and SIGSTOPs
+one once, and every lost rank is replaced by a joiner (COMM_JOIN=1) on its host.
 
-    sudo bench/chaos_train.py --runs 20 --hosts 4 --ranks-per-host 1 --steps 300
-    sudo bench/chaos_train.py --runs 20 --hosts 4 --ranks-per-host 2 --steps 300
+    sudo bench/chaos_train.py --calm --runs 5 --first 0 --hosts 4 --ranks-per-host 1 --band band41.json
+    sudo bench/chaos_train.py --runs 10 --hosts 4 --ranks-per-host 1 --band band41.json --results r.jsonl
 
-Each rank runs under a small wrapper (this script with --rank), so that netsim, which stops the
-job when a rank fails, sees a killed rank as done; the ranks meet in a file:// store, which
-outlives rank 0 (the agreement needs it). An event is only made while at least 3 ranks are left
-(each removal must leave a majority; no replacement joins while comm_grow is not implemented).
-Per run it prints: the events, the steps every survivor committed, whether their final parameters
-are bitwise equal, the steps redone, and the time lost per failure (the slowest survivor's step
-that recovered, minus the median step), then a summary line per run for docs/benchmarks.md.
+The replacements: netsim runs bench/chaos_slot.py for each slot in its host's network namespace;
+it does what `comm-run --replace-failed` does for a local job (comm-run cannot serve netsim hosts:
+its store listens on 127.0.0.1 of its own namespace), reading the exclusions from the job's
+file:// store, which outlives every rank. An event is made only while every slot holds a member
+(the world is back at N ranks) and before --events-until of the steps (so that the last
+replacement joins before the end). The events, in order: one kill during an agreement or a join,
+tried again at the next event until it happens (--special: "agree", a second member killed 0.02-0.3 s after the
+first, only where the two leave a strict majority; "join-member", a member killed 0-0.3 s after
+a replacement said it is joining; "join-joiner", that replacement itself killed then; by default
+the kind cycles with the run's index); a SIGSTOP (the survivors time out on it and exclude
+it, its slot's supervisor SIGKILLs it and starts its replacement); then SIGKILLs. Each run's seed is its index modulo 5,
+so that its final loss can be held against the band of the failure-free runs of seeds 0-4
+(--calm, which writes the band to --band). bench/chaos_report.py reads each run's files.
 """
 
 import argparse
+import json
 import os
 import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+import chaos_report
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..")
-EXAMPLE = os.path.join(ROOT, "examples", "fault_tolerant_train.py")
-NETSIM = os.path.join(ROOT, "tools", "netsim", "netsim")
+NETSIM = os.path.join(HERE, "..", "tools", "netsim", "netsim")
+SLOT = os.path.join(HERE, "chaos_slot.py")
 PY = "/usr/bin/python3"
-FINAL = re.compile(r"^\[(\d+)\] final step (\d+) params ([0-9a-f]{64})$")
-STEP = re.compile(r"^\[(\d+)\] step (\d+) .* took ([0-9.]+)$")
-RECOVERED = re.compile(r"^# \[(\d+)\] recovered at step (\d+): failed \[([0-9, ]*)\] in the (.*), now (\d+) "
-                       r"ranks, step took ([0-9.]+) s, recovery ([0-9.]+) s \(([^)]*)\), (.*)$")
-
-
-def rank_wrapper(rundir, rest):
-    """One rank: the example as a child, its pid and exit code in rundir; exits 0 for netsim."""
-    rank = os.environ["RANK"]
-    with open(os.path.join(rundir, f"out.{rank}"), "w") as out:
-        child = subprocess.Popen([PY, EXAMPLE] + rest, stdout=out, stderr=subprocess.STDOUT)
-        with open(os.path.join(rundir, f"pid.{rank}.tmp"), "w") as f:
-            f.write(str(child.pid))
-        os.rename(os.path.join(rundir, f"pid.{rank}.tmp"), os.path.join(rundir, f"pid.{rank}"))
-        code = child.wait()
-    with open(os.path.join(rundir, f"code.{rank}"), "w") as f:
-        f.write(str(code))
-    return 0
 
 
 def read(path):
@@ -59,149 +48,191 @@ def read(path):
         return None
 
 
+class Job:
+    """The run's files as the slots' supervisors write them (bench/chaos_slot.py)."""
+
+    def __init__(self, rundir, n):
+        self.rundir, self.n = rundir, n
+
+    def current(self, s):
+        """(pid, k) of the process slot s runs now, or None."""
+        text = read(os.path.join(self.rundir, f"pid.{s}"))
+        return tuple(map(int, text.split())) if text else None
+
+    def out(self, s, k):
+        return read(os.path.join(self.rundir, f"out.{s}.{k}")) or ""
+
+    def is_member(self, s, gone):
+        cur = self.current(s)
+        if cur is None or (s, cur[1]) in gone:
+            return False
+        text = self.out(s, cur[1])
+        if "final step" in text or "stops:" in text:
+            return False
+        return cur[1] == 0 or "joined at step" in text
+
+    def joining_since(self, s):
+        """The monotonic time a replacement in slot s said it is joining (not joined yet), or None."""
+        cur = self.current(s)
+        if cur is None or cur[1] == 0:
+            return None
+        text = self.out(s, cur[1])
+        m = re.search(r"^# \[joiner\] joining at ([0-9.]+)$", text, re.M)
+        return float(m.group(1)) if m and "joined at step" not in text else None
+
+    def step(self):
+        best = -1
+        for s in range(self.n):
+            cur = self.current(s)
+            if cur:
+                for m in re.finditer(r"^\[\d+\] step (\d+) ", self.out(s, cur[1]), re.M):
+                    best = max(best, int(m.group(1)))
+        return best
+
+
+def special_kind(args, index, n):
+    if args.special:
+        return args.special
+    kinds = (["agree"] if n >= 6 else []) + ["join-member", "join-joiner"]
+    return kinds[index % len(kinds)]
+
+
 def one_run(args, index):
     n = args.hosts * args.ranks_per_host
     rundir = tempfile.mkdtemp(prefix=f"chaos_{index}_")
     store = os.path.join(rundir, "store")
     os.mkdir(store)
+    seed = index % 5
     rest = ["--steps", str(args.steps), "--log-every", "1", "--step-sleep", str(args.step_sleep),
-            "--seed", str(index), "--init-method", "file://" + store]
+            "--seed", str(seed), "--after-join", "0", "--init-method", "file://" + store]
     env = dict(os.environ, COMM_TIMEOUT_MS=str(args.timeout_ms), OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
     with open(os.path.join(rundir, "netsim.log"), "w") as log:
         ns = subprocess.Popen([NETSIM, "--hosts", str(args.hosts), "--ranks-per-host", str(args.ranks_per_host),
-                               "--rate", args.rate, "--port", str(29500 + index % 500), "--", PY,
-                               os.path.abspath(__file__), "--rank", rundir] + rest,
+                               "--rate", args.rate, "--port", str(29500 + index % 500), "--", PY, SLOT, rundir] + rest,
                               stdout=log, stderr=subprocess.STDOUT, env=env)
+    job = Job(rundir, n)
     rng = random.Random(1000 + index)
     start = time.monotonic()
-    pids = {}
-    while len(pids) < n and time.monotonic() - start < 300 and ns.poll() is None:
-        for r in range(n):
-            text = read(os.path.join(rundir, f"pid.{r}"))
-            if text:
-                pids[r] = int(text)
-        time.sleep(0.2)
     # Events start once every rank trains (its first step line).
     while ns.poll() is None and time.monotonic() - start < 300 and not all(
-            re.search(r"^\[\d+\] step 0 ", read(os.path.join(rundir, f"out.{r}")) or "", re.M) for r in range(n)):
+            re.search(r"^\[\d+\] step 0 ", job.out(s, 0), re.M) for s in range(n)):
         time.sleep(0.2)
     t_train = time.monotonic()
-    events, gone, stopped, cont_at = [], set(), None, None
+    special = None if args.calm else special_kind(args, index, n)
+    events, gone, stopped = [], set(), None
+    armed = None  # a join-* special: waiting for the replacement of this slot to say it joins
     next_at = t_train + args.kill_every * rng.uniform(0.7, 1.3)
     hung = False
+
+    def hit(s, kind, note=""):
+        cur = job.current(s)
+        try:
+            os.kill(cur[0], signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        gone.add((s, cur[1]))
+        events.append({"t": time.monotonic(), "rel": round(time.monotonic() - t_train, 1), "kind": kind,
+                       "slot": s, "k": cur[1], "note": note})
+        return True
+
     while ns.poll() is None:
         now = time.monotonic()
         if now - start > args.deadline_s:
             hung = True
-            ns.send_signal(signal.SIGINT)  # netsim removes its namespaces and stops the ranks
+            ns.send_signal(signal.SIGINT)  # netsim removes its namespaces and stops the slots
             try:
                 ns.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 ns.kill()
             break
-        if stopped is not None and now >= cont_at:
-            os.kill(pids[stopped], signal.SIGCONT)
+        if stopped and now >= stopped[1]:
+            # Never excluded (its supervisor would have SIGKILLed it): wake it, and say so.
+            cur = job.current(stopped[0][0])
+            if cur and cur[1] == stopped[0][1]:
+                os.kill(cur[0], signal.SIGCONT)
+                events[-1]["note"] += " woken: never excluded"
             stopped = None
-        if now >= next_at:
+        if armed is not None:
+            since = job.joining_since(armed[0])
+            cur = job.current(armed[0])
+            if since is None and cur and cur[1] > armed[2] and job.is_member(armed[0], gone):
+                armed = None  # it joined before the kill came: the next kill tries again
+                special = special_kind(args, index, n)
+            elif since is not None and now >= since + armed[1]:
+                members = [s for s in range(n) if job.is_member(s, gone)]
+                if armed[3] == "join-joiner":
+                    hit(armed[0], "kill-joiner", f"the joiner, {now - since:.2f} s after it said joining")
+                elif len(members) >= 3:
+                    hit(rng.choice(members), "kill-join", f"a member, {now - since:.2f} s after slot "
+                                                          f"{armed[0]}'s joiner said joining")
+                armed = None
+        full = all(job.is_member(s, gone) for s in range(n))
+        if not args.calm and now >= next_at and full and armed is None and job.step() < args.events_until * args.steps:
             next_at = now + args.kill_every * rng.uniform(0.7, 1.3)
-            live = [r for r in range(n) if r not in gone and read(os.path.join(rundir, f"code.{r}")) is None
-                    and "final step" not in (read(os.path.join(rundir, f"out.{r}")) or "")]
-            if len(live) - 1 >= 2 and len(live) == n - len(gone):
-                victim = rng.choice(live)
-                kind = "SIGSTOP" if args.stop and not any(e[1] == "SIGSTOP" for e in events) and events else "SIGKILL"
-                try:
-                    os.kill(pids[victim], signal.SIGSTOP if kind == "SIGSTOP" else signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
-                if kind == "SIGSTOP":
-                    # The survivors time out on it (one timeout), then their agreement waits up to
-                    # another for a rank nobody saw gone: woken later, it must find itself excluded.
-                    stopped, cont_at = victim, now + 2 * args.timeout_ms / 1000 + 5
-                gone.add(victim)
-                events.append((round(now - t_train, 1), kind, victim))
-        time.sleep(0.1)
+            victim = rng.randrange(n)
+            if special is None and args.stop and not any(e["kind"] == "stop" for e in events):
+                if hit(victim, "stop"):
+                    stopped = ((victim, events[-1]["k"]), now + 2 * args.timeout_ms / 1000 + 5)
+            elif special == "agree":
+                if hit(victim, "kill"):
+                    time.sleep(rng.uniform(0.02, 0.3))
+                    other = rng.choice([s for s in range(n) if s != victim and job.is_member(s, gone)])
+                    hit(other, "kill-agree", f"{time.monotonic() - events[-1]['t']:.2f} s after the first")
+                special = None
+            elif special:
+                if hit(victim, "kill"):
+                    # The join: from its "joining" line to its admission at the members' next step
+                    # boundary, a few tenths of a second.
+                    armed = (victim, rng.uniform(0.0, 0.3), events[-1]["k"], special)
+                special = None
+            else:
+                hit(victim, "kill")
+        time.sleep(0.05)
     wall = time.monotonic() - t_train
-    return summarize(args, index, rundir, n, events, gone, hung, wall)
-
-
-def summarize(args, index, rundir, n, events, gone, hung, wall):
-    finals, steps_ok, took, recs = {}, {}, [], []
-    codes = {r: read(os.path.join(rundir, f"code.{r}")) for r in range(n)}
-    for r in range(n):
-        text = read(os.path.join(rundir, f"out.{r}")) or ""
-        for line in text.splitlines():
-            m = FINAL.match(line)
-            if m:
-                finals[r] = (int(m.group(2)), m.group(3))
-            m = STEP.match(line)
-            if m:
-                took.append(float(m.group(3)))
-            m = RECOVERED.match(line)
-            if m:
-                parts = dict(zip(m.group(8).split()[::2], map(float, m.group(8).split()[1::2])))
-                recs.append((r, int(m.group(2)), m.group(3), float(m.group(6)), parts, m.group(9)))
-    survivors = [r for r in range(n) if r not in gone]
-    done = [finals.get(r, (0, ""))[0] for r in survivors]
-    equal = len({finals.get(r, (0, "x"))[1] for r in survivors}) == 1 and all(r in finals for r in survivors)
-    median = statistics.median(took) if took else 0.0
-    redone = sorted({s for _, s, _, _, _, o in recs if o == "redone"})
-    # One recovery per event, in order (the failed ranks it names are ranks of the communicator
-    # of that moment, renumbered after each shrink): the slowest survivor's step and parts.
-    groups = {}
-    for _, step, failed, step_s, parts, _ in recs:
-        g = groups.setdefault((step, failed), {"lost": 0.0, "parts": {}})
-        g["lost"] = max(g["lost"], step_s - median)
-        for k, v in parts.items():
-            g["parts"][k] = max(g["parts"].get(k, 0.0), v)
-    per_kind = {"SIGKILL": [], "SIGSTOP": []}
-    breakdown = []
-    for i, key in enumerate(sorted(groups)):
-        kind = events[i][1] if i < len(events) else "SIGKILL"
-        per_kind[kind].append(groups[key]["lost"])
-        breakdown.append(kind[3:].lower() + " " + "/".join(f"{groups[key]['parts'].get(k, 0):.2f}"
-                                                           for k in ("agree", "teardown", "shrink", "redo")))
-    stopped_ok = all(codes.get(v) == "3" for _, k, v in events if k == "SIGSTOP")
-    row = {"run": index, "ranks": n, "events": events, "steps": f"{min(done) if done else 0}/{args.steps}",
-           "survivors": len(survivors), "equal": equal, "redone": len(redone), "hung": hung,
-           "lost_kill": per_kind["SIGKILL"], "lost_stop": per_kind["SIGSTOP"], "stopped_exits": stopped_ok,
-           "median_step_s": median, "wall_s": wall, "dir": rundir}
-    fmt = lambda v: ",".join(f"{x:.2f}" for x in v) or "-"  # noqa: E731
-    print(f"| {index} | {args.hosts}x{args.ranks_per_host} | {' '.join(f'{k[3:].lower()}@{t:.0f}s:r{v}' for t, k, v in events) or '-'} "
-          f"| {row['steps']} | {len(survivors)} | {'yes' if equal else 'NO'} | {len(redone)} | {fmt(per_kind['SIGKILL'])} "
-          f"| {fmt(per_kind['SIGSTOP'])} | {'; '.join(breakdown) or '-'} | {'yes' if stopped_ok else 'NO'} "
-          f"| {'HUNG' if hung else 'no'} | {wall:.0f} |", flush=True)
-    return row
+    return chaos_report.summarize(rundir, n, args.steps, seed, events, hung, wall, args.band_data, index,
+                                  f"{args.hosts}x{args.ranks_per_host}")
 
 
 def main():
-    if len(sys.argv) > 2 and sys.argv[1] == "--rank":
-        return rank_wrapper(sys.argv[2], sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--ranks-per-host", type=int, default=1)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--step-sleep", type=float, default=0.1)
     ap.add_argument("--timeout-ms", type=int, default=10000)
     ap.add_argument("--kill-every", type=float, default=15.0)
+    ap.add_argument("--events-until", type=float, default=0.85, help="no event after this fraction of the steps")
     ap.add_argument("--rate", default="none")
     ap.add_argument("--no-stop", dest="stop", action="store_false")
-    ap.add_argument("--deadline-s", type=float, default=900)
-    ap.add_argument("--first", type=int, default=0, help="index of the first run (its seed)")
+    ap.add_argument("--special", choices=["agree", "join-member", "join-joiner"], default=None)
+    ap.add_argument("--calm", action="store_true", help="failure-free runs: the loss band, written to --band")
+    ap.add_argument("--band", help="JSON file of the failure-free band (written with --calm, read otherwise)")
+    ap.add_argument("--results", help="append each run's row as a JSON line here")
+    ap.add_argument("--deadline-s", type=float, default=600)
+    ap.add_argument("--first", type=int, default=0, help="index of the first run (its seed: index %% 5)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("chaos_train.py: netsim needs root")
+    args.band_data = None
+    if args.band and not args.calm:
+        with open(args.band) as f:
+            args.band_data = json.load(f)
     print(f"# chaos_train: {args.hosts} hosts x {args.ranks_per_host} ranks, {args.steps} steps, "
-          f"COMM_TIMEOUT_MS={args.timeout_ms}, an event every ~{args.kill_every:.0f} s while >= 3 ranks are left "
-          f"(one SIGSTOP, woken after 2 timeouts + 5 s); time lost = the recovering step minus the median step")
-    print("| run | hosts x ranks | events (kind@s:rank) | steps | survivors | params bitwise equal | steps redone "
-          "| lost per SIGKILL (s) | lost per SIGSTOP (s) | agree/teardown/shrink/redo (s) | stopped rank exits "
-          "| hang | wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    bad = 0
+          f"COMM_TIMEOUT_MS={args.timeout_ms}, " + ("failure-free" if args.calm else
+          f"an event every ~{args.kill_every:.0f} s while the world is full, replacements joining"))
+    print(chaos_report.HEADER)
+    rows, bad = [], 0
     for i in range(args.first, args.first + args.runs):
         row = one_run(args, i)
-        bad += row["hung"] or not row["equal"] or row["steps"] != f"{args.steps}/{args.steps}"
+        rows.append(row)
+        if args.results:
+            with open(args.results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        bad += not row["ok"]
+    if args.calm and args.band:
+        with open(args.band, "w") as f:
+            json.dump(chaos_report.band(rows), f)
     return 1 if bad else 0
 
 

@@ -13,9 +13,17 @@ step it broke and go on; every rank ends with
 
     [R] final step N params <sha256 of the parameters>
 
-R being its rank at the end, N the committed steps: equal on every survivor, as is the hash.
-With --log-every K each rank also prints `[R] step S loss L` every K steps, and
-`# [R] recovered at step S: ...` after each recovery. --kill-rank R --kill-step S makes rank R
+R being its rank at the end, N the committed steps: equal on every survivor, as is the hash, and
+`[R] final loss E`, the loss on a fixed held-out batch (the same for every seed). With
+--log-every K each rank also prints `[R] step S loss L eval E ...` every K steps (L: this rank's
+batch; E: the held-out loss), `# [R] recovered at step S: ...` after each recovery (with `started
+T`, the monotonic clock when it began), `# [R] admitted ...` after each grow that admitted a
+replacement, and a replacement `# [R] joined at step S ...` with the state it received.
+
+The task: a fixed linear teacher (the same for every seed) to learn, so that the loss falls and
+runs with different seeds make a band. A rank's batch is a function of (seed, step, slot), the
+slot being the launcher's RANK, which a replacement inherits: with replacements the job sees the
+batches of a failure-free run (but for the steps trained short-handed). --kill-rank R --kill-step S makes rank R
 SIGKILL itself at the start of step S (for a quick look without a test driver).
 """
 
@@ -64,6 +72,7 @@ def main(argv=None):
     ap.add_argument("--depth", type=int, default=3, help="hidden width x width layers")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--log-every", type=int, default=0)
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds of sleep per step (a slower job to kill)")
     ap.add_argument("--until-size", type=int, default=0,
@@ -83,20 +92,34 @@ def main(argv=None):
     from engine_bench_mlp import mlp
 
     torch.set_num_threads(1)
+    if os.environ.get("COMM_JOIN") == "1":
+        say(f"# [joiner] joining at {time.monotonic():.3f}")  # a driver may kill during the join
     comm = libcomm.Communicator(init_method=args.init_method)
     me = comm.rank  # the rank at start names this process in every line
+    slot = int(os.environ.get("RANK", me))  # its data: a replacement's RANK is its slot's
+    teach = torch.Generator().manual_seed(4242)
+    teacher = torch.randn(args.width, 16, generator=teach) / args.width ** 0.5
+    held_out = torch.randn(256, args.width, generator=teach)
+
+    def held_out_loss():
+        with torch.no_grad():  # the plain module: no collective
+            return torch.nn.functional.mse_loss(model(held_out), held_out @ teacher).item()
     torch.manual_seed(args.seed)
     model = mlp(args.width, args.depth, args.width, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, args.steps // 3), gamma=0.5)
     ddp = DistributedDataParallel(model, comm, fault_tolerant=True)
     sampler = Sampler()
     # A replacement started with COMM_JOIN=1 receives all this here (and the step, the
     # parameters, the RNG states); the members send it when they admit it, at a step boundary.
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     ddp.register_state(optimizer=opt, scheduler=sched, sampler=sampler)
     if os.environ.get("COMM_JOIN") == "1":
-        say(f"# [{me}] joined at step {ddp.committed_steps}, {ddp.comm.size} ranks")
-    seen = 0
+        j = ddp.joins[-1] if ddp.joins else {}
+        say(f"# [{me}] joined at step {ddp.committed_steps}, {ddp.comm.size} ranks, slot {slot}, state "
+            f"{j.get('seconds', 0):.3f} s, {j.get('bytes', 0)} bytes + parameters {param_bytes} bytes, "
+            f"at {time.monotonic():.3f}")
+    seen, seen_joins = 0, len(ddp.joins)
     try:
         def more():  # the same answer on every member, the joiner's too: all checked after ddp.step()
             done = ddp.committed_steps
@@ -110,10 +133,10 @@ def main(argv=None):
             t0 = time.monotonic()
             if step == args.kill_step and me == args.kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
-            # The batch is a function of (seed, step, rank at start): a redone step uses the same.
-            g = torch.Generator().manual_seed(args.seed * 1000003 + sampler.position * 1009 + me)
+            # The batch is a function of (seed, step, slot): a redone step uses the same.
+            g = torch.Generator().manual_seed(args.seed * 1000003 + sampler.position * 1009 + slot)
             x = torch.randn(args.batch, args.width, generator=g)
-            y = torch.randn(args.batch, 16, generator=g)
+            y = x @ teacher + 0.1 * torch.randn(args.batch, 16, generator=g)
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             loss.backward()  # a failed all-reduce is recorded here, not raised
@@ -121,17 +144,26 @@ def main(argv=None):
             sampler.position += 1
             for r in ddp.recoveries[seen:]:
                 say(f"# [{me}] recovered at step {r['step']}: failed {r['failed']} in the {r['phase']}, "
-                    f"now {r.get('size')} ranks, step took {time.monotonic() - t0:.3f} s, recovery "
+                    f"now {r.get('size')} ranks, started {r.get('started', 0):.3f}, step took "
+                    f"{time.monotonic() - t0:.3f} s, recovery "
                     f"{r.get('seconds', 0):.3f} s ({' '.join(f'{k} {v:.3f}' for k, v in r.get('parts', {}).items())}), "
                     f"{r.get('outcome')}")
             seen = len(ddp.recoveries)
+            for j in ddp.joins[seen_joins:]:
+                if not j.get("joined"):
+                    say(f"# [{me}] admitted at step {j['step']}: now {j['size']} ranks, grow {j.get('grow', 0):.3f} s, "
+                        f"state {j['seconds']:.3f} s, {j.get('bytes', 0)} bytes + parameters {param_bytes} bytes, "
+                        f"step took {time.monotonic() - t0:.3f} s")
+            seen_joins = len(ddp.joins)
             if args.log_every and step % args.log_every == 0:
-                say(f"[{me}] step {step} loss {loss.item():.6f} size {ddp.comm.size} took {time.monotonic() - t0:.3f}")
+                say(f"[{me}] step {step} loss {loss.item():.6f} eval {held_out_loss():.6f} size {ddp.comm.size} "
+                    f"took {time.monotonic() - t0:.3f}")
             if args.step_sleep:
                 time.sleep(args.step_sleep)
     except FaultToleranceError as e:
         say(f"# [{me}] stops: {str(e).splitlines()[0]}")
         return 3
+    say(f"[{ddp.comm.rank}] final loss {held_out_loss():.6f}")
     say(f"[{ddp.comm.rank}] final step {ddp.committed_steps} params {params_sha256(model)}")
     ddp.close()
     return 0

@@ -200,6 +200,10 @@ const std::vector<Param>& all() {
        "children in the init verdict's tree wrong, or never come, or the rank exit after joining "
        "(tests/core/test_init_tree.sh)",
        nullptr},
+      {"COMM_TEST_JOIN_EXIT", Type::kString, "",
+       "tests only, a hook in a joiner's comm_init (COMM_JOIN=1): answered makes it exit (status 9) as soon as "
+       "a comm_grow answered it, counted into its slot (tests/tools/test_comm_run_replace.sh)",
+       nullptr},
       {"COMM_TEST_WIRE", Type::kString, "", "unit tests: run the algorithm sweeps over this transport (e.g. ucx)",
        nullptr},
       {"COMM_FIXTURES_DIR", Type::kString, "", "topology tests: where the machine exports are (tests/fixtures)",

@@ -168,6 +168,8 @@ Status plan(comm_t c, const std::string& payload, const std::vector<uint64_t>& m
   return Status::Ok();
 }
 
+Status admit(comm_t c, const std::string& payload, const std::vector<Joiner>& joiners, comm_t* out);
+
 }  // namespace
 
 std::unique_ptr<comm_s> make_grown(const Answer& a, const CommSettings& settings, std::shared_ptr<Store> store) {
@@ -215,11 +217,19 @@ Status grow_communicator(comm_t c, int n_join, comm_t* out) {
     }
     header[1] = static_cast<int64_t>(payload.size());
   }
-  COMM_RETURN_IF_ERROR(broadcast(c, header, sizeof header).prefixed(where));
+  Status told = broadcast(c, header, sizeof header);
+  if (!told.ok()) {
+    if (c->rank == 0 && header[0] == kGrow) record_failed_joiners(*c->job_store, payload);
+    return told.prefixed(where);
+  }
   if (header[0] == kNone) return Status::Ok();
   if (header[1] < 0 || header[1] > (1 << 24)) return Internal(where + "malformed decision from rank 0");
   payload.resize(static_cast<size_t>(header[1]));
-  COMM_RETURN_IF_ERROR(broadcast(c, payload.data(), payload.size()).prefixed(where));
+  Status got = broadcast(c, payload.data(), payload.size());
+  if (!got.ok()) {
+    if (c->rank == 0 && header[0] == kGrow) record_failed_joiners(*c->job_store, payload);
+    return got.prefixed(where);
+  }
   if (header[0] == kFail) {
     const size_t nl = payload.find('\n');
     int code = nl == std::string::npos ? COMM_ERR_INTERNAL : std::atoi(payload.substr(0, nl).c_str());
@@ -227,6 +237,15 @@ Status grow_communicator(comm_t c, int n_join, comm_t* out) {
     const std::string why = nl == std::string::npos ? payload : payload.substr(nl + 1);
     return Status(static_cast<comm_status_t>(code), where + (c->rank == 0 ? "" : "rank 0 (the lowest member): ") + why);
   }
+  Status st = admit(c, payload, joiners, out);
+  if (!st.ok()) record_failed_joiners(*c->job_store, payload);  // every member alike: recorded once
+  return st.prefixed(where);
+}
+
+namespace {
+
+// The decision made and known to every member: the grown communicator, joiners answered.
+Status admit(comm_t c, const std::string& payload, const std::vector<Joiner>& joiners, comm_t* out) {
   // The members' hosts, so joiners on a member's host share its host number.
   std::vector<uint64_t> hosts(static_cast<size_t>(c->size));
   uint64_t mine = host_hash();
@@ -237,22 +256,24 @@ Status grow_communicator(comm_t c, int n_join, comm_t* out) {
     args.recvbuf = hosts.data();
     args.count = 1;
     args.dtype = COMM_UINT64;
-    COMM_RETURN_IF_ERROR(run_blocking(c, args).prefixed(where));
+    COMM_RETURN_IF_ERROR(run_blocking(c, args));
   }
   Answer a;
   std::vector<std::string> reach;
-  COMM_RETURN_IF_ERROR(plan(c, payload, hosts, &a, &reach).prefixed(where));
+  COMM_RETURN_IF_ERROR(plan(c, payload, hosts, &a, &reach));
   if (c->rank == 0) {
     for (size_t i = 0; i < joiners.size(); ++i) {
       Answer theirs = a;
       theirs.rank = c->size + static_cast<int>(i);
-      COMM_RETURN_IF_ERROR(c->job_store->set(answer_key(joiners[i].ticket), encode_answer(theirs)).prefixed(where));
+      COMM_RETURN_IF_ERROR(c->job_store->set(answer_key(joiners[i].ticket), encode_answer(theirs)));
     }
   }
   a.rank = c->rank;
   COMM_INFO(kInit, "comm %s rank %d: comm_grow admits %zu joiner(s) into comm %s of %zu ranks", c->id.c_str(), c->rank,
             reach.size(), a.id.c_str(), a.host_of.size());
-  return finish_communicator(make_grown(a, c->settings, c->job_store), out).prefixed(where);
+  return finish_communicator(make_grown(a, c->settings, c->job_store), out);
 }
+
+}  // namespace
 
 }  // namespace comm::grow

@@ -70,6 +70,10 @@ std::unique_ptr<comm_s> make_grown(const Answer& a, const CommSettings& settings
 // Records the world ranks comm_agree_failed excluded, for the launcher (agree.cc calls it
 // where it decides, before its verdict). Best effort: the agreement does not depend on it.
 void record_exclusions(comm_t c, const std::vector<int>& failed);
+// A comm_grow that failed after its decision (payload: describe()'s, in grow.cc): the joiners it
+// counted into their slots are members of nothing, so each is recorded as excluded, or no launcher
+// would ever replace it (docs/design/core.md, "Growing a communicator").
+void record_failed_joiners(Store& store, const std::string& payload);
 
 // Whether the joiner of `ticket` gave up waiting (join.cc marks it): a grow leaves it out.
 bool withdrawn(Store& store, int64_t ticket);

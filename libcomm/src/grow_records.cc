@@ -90,20 +90,43 @@ uint64_t host_hash() {
   return hash;
 }
 
+namespace {
+
+Status record_exclusion(Store& store, int world) {
+  int64_t gen = 0, first = 0, n = 0;
+  // The generation of the process in that slot: a launcher acts on a record only for the
+  // process it runs there now, never on a late copy about one it already replaced.
+  Status st = store.add(joins_key(world), 0, &gen);
+  if (st.ok()) st = store.add(excluded_key(world, gen), 1, &first);
+  if (st.ok() && first == 1) st = store.add(kExclusions, 1, &n);
+  if (st.ok() && first == 1) st = store.set(exclusion_key(n), std::to_string(world) + " " + std::to_string(gen));
+  return st;
+}
+
+}  // namespace
+
 void record_exclusions(comm_t c, const std::vector<int>& failed) {
-  Store& store = *c->job_store;
   for (int r : failed) {
     const int world = c->world_ranks[static_cast<size_t>(r)];
-    int64_t gen = 0, first = 0, n = 0;
-    // The generation of the process in that slot: a launcher acts on a record only for the
-    // process it runs there now, never on a late copy about one it already replaced.
-    Status st = store.add(joins_key(world), 0, &gen);
-    if (st.ok()) st = store.add(excluded_key(world, gen), 1, &first);
-    if (st.ok() && first == 1) st = store.add(kExclusions, 1, &n);
-    if (st.ok() && first == 1) st = store.set(exclusion_key(n), std::to_string(world) + " " + std::to_string(gen));
+    Status st = record_exclusion(*c->job_store, world);
     if (!st.ok()) {
       COMM_WARN(kInit, "rank %d, comm %s: could not record the exclusion of world rank %d for the launcher: %s",
                 c->rank, c->id.c_str(), world, st.message().c_str());
+      return;
+    }
+  }
+}
+
+void record_failed_joiners(Store& store, const std::string& payload) {
+  // describe(): the secret, then per joiner "world host reach".
+  const std::vector<std::string> lines = split(payload, '\n');
+  for (size_t i = 1; i < lines.size(); ++i) {
+    int world = -1;
+    if (lines[i].empty() || !parse_int(lines[i].substr(0, lines[i].find(' ')), 0, 1 << 30, &world)) continue;
+    Status st = record_exclusion(store, world);
+    if (!st.ok()) {
+      COMM_WARN(kInit, "comm_grow failed: could not record the exclusion of the joiner in world rank %d: %s", world,
+                st.message().c_str());
       return;
     }
   }

@@ -166,7 +166,9 @@ class FaultTolerance:
     # ---- recovery ----
     def _recover(self):
         start = time.monotonic()
-        record = {"step": self.step, "failed": [], "phase": PHASE[self.failed_phase],
+        # "started": the monotonic clock (one per machine) at the first look at the failure, so
+        # that a driver that knows when it killed a rank can tell the detection time.
+        record = {"step": self.step, "failed": [], "phase": PHASE[self.failed_phase], "started": start,
                   "error": str(self.failure).splitlines()[0][:300]}
         self.recoveries.append(record)
         idle_rounds = 0  # rounds in a row in which the agreement found no failed rank
@@ -359,6 +361,7 @@ class FaultTolerance:
 
     def _grow(self):
         ddp = self.ddp
+        asked = time.monotonic()
         try:
             new = ddp._user_comm.grow(None)  # COMM_GROW_WAITING: the same answer on every member
         except errors.UnavailableError as e:
@@ -376,9 +379,10 @@ class FaultTolerance:
         except errors.CommError:
             pass
         self._as_at_wrap()
-        repaired = self._exchange_state()
+        repaired, sent = self._exchange_state()
+        # seconds: from the grow's return (the state transfer); grow: the comm_grow call itself.
         self.joins.append({"step": self.step, "size": new.size, "seconds": time.monotonic() - start,
-                           "repaired": repaired})
+                           "grow": start - asked, "bytes": sent, "repaired": repaired})
 
     def _as_at_wrap(self):
         """The collectives a joiner's DistributedDataParallel(...) and register_comm_hook make."""
@@ -412,11 +416,12 @@ class FaultTolerance:
         self.skip_grow = True
         start = time.monotonic()
         try:
-            repaired = self._exchange_state()
+            repaired, got = self._exchange_state()
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"joining failed while receiving the state: {e}") from e
         self.joins.append({"step": self.step, "size": self.ddp._user_comm.size,
-                           "seconds": time.monotonic() - start, "joined": True, "repaired": repaired})
+                           "seconds": time.monotonic() - start, "joined": True, "bytes": got,
+                           "repaired": repaired})
 
     def boundary(self):
         """ddp.step()'s end, after the optimizer: the step boundary, where joiners are admitted (so
@@ -433,7 +438,8 @@ class FaultTolerance:
         """Rank 0's step, registered state and RNG states to every rank (a joiner takes them),
         then every rank's sha256 of the shared part: a rank that differs from rank 0 is repaired
         from it once (a warning on every rank names it, and what differs); one that still differs
-        stops every rank (FaultToleranceError). Returns the ranks repaired."""
+        stops every rank (FaultToleranceError). Returns the ranks repaired and the bytes of rank 0's
+        blob."""
         comm = self.ddp._comm
         joined = self.skip_grow  # set by receive_state on the joiner
         raw = ft_state.broadcast_blob(comm, ft_state.pack(self.step, self.registered) if comm.rank == 0 else None)
@@ -445,7 +451,7 @@ class FaultTolerance:
             table = ft_state.gather_digests(comm, mine)
             differ = [r for r in range(comm.size) if not np.array_equal(table[r], table[0])]
             if not differ:
-                return repaired
+                return repaired, len(raw)
             # Every rank saw the same table, so all take this branch: rank 0's part digests to all,
             # and each rank that differs says which of its parts do.
             theirs = ft_state.broadcast_parts(comm, parts)

@@ -53,6 +53,8 @@ PY = "/usr/bin/python3"
 FINAL = re.compile(r"^\[(\d+)\] final step (\d+) params ([0-9a-f]{64})$")
 STEP = re.compile(r"^\[(\d+)\] step (\d+) ")
 RECOVERED = re.compile(r"^# \[(\d+)\] recovered at step (\d+): failed \[([0-9, ]*)\].*, (redone|committed.*)$")
+JOINED = re.compile(r"^# \[\d+\] joined at step (\d+), \d+ ranks, slot (\d+), state [0-9.]+ s, (\d+) bytes")
+ADMITTED = re.compile(r"^# \[\d+\] admitted at step (\d+): now 4 ranks, grow [0-9.]+ s, state [0-9.]+ s, \d+ bytes")
 DEADLINE_S = 150  # a watchdog: a rank that hangs fails the test instead of the meson timeout
 
 
@@ -201,8 +203,21 @@ def join_test(transport):
     steps = {int(m.group(2)) for m in finals if m}
     check(codes, lines, [0, 1, 3, 4], steps.pop() if len(steps) == 1 else -1, 2,
           outcome=None, joiner=4)
-    if not any("joined at step" in line for line in lines[4]):
-        sys.exit("FAIL: the replacement never said it joined\n" + "\n".join(lines[4][-40:]))
+    joined = lines[4]
+    said = [m for m in map(JOINED.match, joined) if m]
+    if not said:
+        sys.exit("FAIL: the replacement never said it joined\n" + "\n".join(joined[-40:]))
+    # What bench/chaos_train.py measures: the state it received (bytes, the slot whose data it
+    # takes over) and, on every member, the grow that admitted it at the same step boundary.
+    if int(said[0].group(2)) != 2 or int(said[0].group(3)) <= 0:
+        sys.exit(f"FAIL: the replacement's join line names slot {said[0].group(2)}, {said[0].group(3)} bytes")
+    admitted = [m.group(1) for ls in lines[:4] for m in map(ADMITTED.match, ls) if m]
+    if sorted(admitted) != [said[0].group(1)] * 3:
+        sys.exit(f"FAIL: the survivors admitted the replacement at steps {admitted}, it joined at step "
+                 f"{said[0].group(1)}\n" + "\n".join(line for ls in lines for line in ls if "admitted" in line))
+    losses = {line.split()[-1] for ls in lines for line in ls if " final loss " in line}
+    if len(losses) != 1:
+        sys.exit(f"FAIL: the final held-out losses differ: {losses}")
 
 
 def repair_test(how):

@@ -4,7 +4,8 @@
 # comm-run serving it), then SIGSTOPped (rank 2: comm-run SIGKILLs it once the others exclude it).
 # The survivors agree and shrink; comm-run starts a replacement with COMM_JOIN=1, which joins at
 # the next comm_grow; the job finishes its steps on 4 ranks and comm-run exits 0. Then a lost rank
-# whose replacement is lost too: replaced twice. Without the
+# whose replacement is lost too: replaced twice; one whose replacement dies before it joins:
+# started again. Without the
 # flag a lost rank still ends the job. Usage: test_comm_run_replace.sh comm-run grow_worker
 set -uo pipefail
 
@@ -51,6 +52,23 @@ rm -f "$mark"
 if grep -q "starting its replacement #2 with COMM_JOIN=1" <<<"$out" && \
    ! grep -q "starting its replacement #3" <<<"$out"; then pass "the lost replacement was replaced once"; else
   fail "not exactly two replacements"; fi
+
+# The replacement dies before it asks to join: never a member, so no exclusion names it; comm-run
+# starts it again (else the slot stays empty and the job never has 4 ranks again).
+mark=$(mktemp -u /tmp/grow-early-XXXXXX)
+run_job "rank 1 SIGKILLed, its replacement dies before joining" GROW_VICTIM=1 GROW_EARLY="$mark"
+rm -f "$mark"
+if grep -q "rank 1: its replacement #1 killed by signal 9 (Killed) before the others admitted it: starting it again" \
+   <<<"$out"; then pass "the unadmitted replacement was started again"; else fail "the unadmitted replacement was not restarted"; fi
+
+# The replacement dies once a comm_grow answered it: counted into the slot, so comm-run cannot
+# tell it from a member, and the members' comm_grow fails (shared memory waits for it); they record
+# it excluded, and comm-run replaces it (else the slot stays empty: no agreement ever names it).
+mark=$(mktemp -u /tmp/grow-hello-XXXXXX)
+run_job "rank 2 SIGKILLed, its replacement dies once answered" GROW_VICTIM=2 GROW_HELLO_EXIT="$mark"
+rm -f "$mark"
+if grep -q "starting its replacement #2 with COMM_JOIN=1" <<<"$out"; then
+  pass "the replacement that died in its join was replaced"; else fail "the replacement that died in its join was not replaced"; fi
 
 # Without --replace-failed: unchanged, a lost rank ends the job.
 out=$(env COMM_TIMEOUT_MS=4000 GROW_STEPS=12 GROW_VICTIM=1 timeout 120 "$RUN" -n 4 --bind none --timeout-s 100 -- \

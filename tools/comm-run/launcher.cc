@@ -70,6 +70,7 @@ int Launcher::run() {
   if (opt_.replace_failed) {
     if (!store_.serve(port, opt_.nranks)) return 1;
     replacements_.assign(static_cast<size_t>(opt_.nranks), 0);
+    restarts_.assign(static_cast<size_t>(opt_.nranks), 0);
     port_ = port;
     run_id_ = run_id;
     child_mask_ = old_mask;
@@ -194,7 +195,35 @@ void Launcher::supervise(int sfd, double deadline) {
       if (fds[0].revents != 0) read_signals(sfd);
     }
     check_clocks(deadline);
-    if (opt_.replace_failed && kill_at_ == 0) replace_excluded();
+    if (opt_.replace_failed && kill_at_ == 0) {
+      replace_excluded();
+      restart_unadmitted();
+    }
+  }
+}
+
+void Launcher::restart_unadmitted() {
+  constexpr int kMaxRestarts = 3;  // a replacement that cannot start at all must not loop forever
+  if (rank_finished_) return;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    if (r.running || replacements_[i] == 0 || restarts_[i] > kMaxRestarts || !failed(r.wait_status)) continue;
+    const int64_t admitted = store_.admitted(static_cast<int>(i));
+    if (admitted < 0 || admitted >= replacements_[i]) {
+      restarts_[i] = 0;  // a member when it died: its exclusion brings the next one
+      continue;
+    }
+    if (++restarts_[i] > kMaxRestarts) {
+      std::fprintf(stderr, "comm-run: rank %zu: its replacement died %d times before it was admitted; the slot "
+                   "stays empty\n", i, kMaxRestarts);
+      continue;
+    }
+    for (Stream* st : {&r.out, &r.err}) st->drain(r.prefix);
+    std::fprintf(stderr, "comm-run: rank %zu: its replacement #%lld %s before the others admitted it: starting it "
+                 "again\n", i, static_cast<long long>(replacements_[i]), describe_status(r.wait_status).c_str());
+    if (!start(static_cast<int>(i), rank_environment(opt_, static_cast<int>(i), port_, run_id_, /*join=*/true),
+               allowed_cpus(), child_mask_))
+      std::fprintf(stderr, "comm-run: rank %zu: its replacement could not be started\n", i);
   }
 }
 
@@ -282,6 +311,7 @@ void Launcher::reap() {
       r.running = false;
       r.wait_status = status;
       --running_;
+      if (!failed(status)) rank_finished_ = true;
       bool stopping = first_failure_ >= 0 || start_failed_ || interrupted_by_ != 0 || timed_out_;
       if (failed(status) && !stopping && opt_.replace_failed) {
         // The others go on: they agree on the loss, and its exclusion brings a replacement.

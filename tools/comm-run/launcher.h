@@ -55,6 +55,10 @@ class Launcher {
   // --replace-failed: each new exclusion of the process running in its slot: SIGKILL it if it
   // still runs, then start its replacement with COMM_JOIN=1.
   void replace_excluded();
+  // --replace-failed: a replacement that died before the members admitted it (the store's count
+  // of admissions into its slot is below the replacements started) is started again: it was never
+  // a member, so no exclusion will ever name it and the slot would stay empty.
+  void restart_unadmitted();
 
   // Ending.
   void drain_output();
@@ -71,6 +75,8 @@ class Launcher {
   // --replace-failed: the store comm-run serves, and per slot the replacements started.
   JobStore store_;
   std::vector<int64_t> replacements_;
+  std::vector<int> restarts_;  // per slot: replacements restarted unadmitted, in a row
+  bool rank_finished_ = false;  // a rank exited 0: the job ends, nothing more is started
   std::string port_, run_id_;
   sigset_t child_mask_{};
 };

@@ -48,4 +48,10 @@ std::vector<Exclusion> JobStore::new_exclusions() {
   return out;
 }
 
+int64_t JobStore::admitted(int slot) {
+  int64_t n = -1;
+  if (!store_ || !store_->add(comm::grow::joins_key(slot), 0, &n).ok()) return -1;
+  return n;
+}
+
 }  // namespace comm_run

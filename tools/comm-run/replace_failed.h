@@ -26,6 +26,8 @@ class JobStore {
   bool serve(const std::string& port, int nranks);
   // The exclusions recorded since the last call, in the order they were recorded.
   std::vector<Exclusion> new_exclusions();
+  // How many joiners the members admitted into the slot (its process's generation); -1 unknown.
+  int64_t admitted(int slot);
 
  private:
   std::shared_ptr<comm::Store> store_;
