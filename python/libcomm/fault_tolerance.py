@@ -127,7 +127,7 @@ class FaultTolerance:
                                "backward (gradient accumulation: no_sync())")
         if sync:
             self.phase, self.reduced_ok = R, False
-        self.guard(self.ddp.engine.begin, sync)
+        self.guard(lambda: self.ddp.engine.begin(sync))
 
     def end_backward(self, sync):
         if sync:
@@ -373,16 +373,40 @@ class FaultTolerance:
             return
         start = time.monotonic()
         self._teardown(abort=False)
-        old, ddp._user_comm, ddp._owns_comm = ddp._user_comm, new, True
+        old, owned = ddp._user_comm, ddp._owns_comm
+        ddp._user_comm, ddp._owns_comm = new, True
+        try:
+            self._as_at_wrap()
+            repaired, sent = self._exchange_state()
+        except errors.CommError as e:
+            if recoverable(e):
+                # A member failed during the admission (chaos run 6). The joiners have not taken
+                # the state yet (a joiner that cannot finish stops), so the grown communicator
+                # would leave the survivors no majority to agree in (two members of four): the
+                # admission is undone, and the failure, the next step's, is recovered from on
+                # the communicator of before, whose members are all alive but the failed.
+                self._undo_grow(old, owned, new)
+            raise
         try:
             old.destroy()
         except errors.CommError:
             pass
-        self._as_at_wrap()
-        repaired, sent = self._exchange_state()
         # seconds: from the grow's return (the state transfer); grow: the comm_grow call itself.
         self.joins.append({"step": self.step, "size": new.size, "seconds": time.monotonic() - start,
                            "grow": start - asked, "bytes": sent, "repaired": repaired})
+
+    def _undo_grow(self, old, owned, new):
+        """Back to the communicator of before a grow whose admission failed; the grown one and
+        what was made on it go (aborted: its peers may be dead). A grow in the recovery's redone
+        forward may admit a replacement again."""
+        ddp = self.ddp
+        self._teardown()  # the engine and duplicates made on the grown communicator, if any
+        for end in (new.abort, new.destroy):
+            try:
+                end()
+            except errors.CommError:
+                pass
+        ddp._user_comm, ddp._owns_comm = old, owned
 
     def _as_at_wrap(self):
         """The collectives a joiner's DistributedDataParallel(...) and register_comm_hook make."""

@@ -108,6 +108,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._stepped = False                 # a backward ran: too late for register_comm_hook
         self._joining = False                 # inside join(): each training forward says "active"
         self._layout = None
+        self._closed = False                  # close() ran: the hooks do nothing any more
         self._views = [None] * len(self._params)
         self.engine = self._make_engine()
 
@@ -208,14 +209,17 @@ class DistributedDataParallel(torch.nn.Module):
         p = self._params[i]
 
         def hook(*_unused):
-            if self.engine is None:
+            if self.engine is None and (self._ft is None or self._closed):
                 return  # closed: the module was wrapped again (e.g. on a shrunk communicator)
+            # fault_tolerant: no engine while a failed admission at the step boundary left the
+            # wrapper half-switched (fault_tolerance.py, _grow): this backward still runs, keeps
+            # the local gradients and sets pending_vote, and should_commit() recovers.
             if not self._in_backward:
                 self._begin_backward()
             if not self._step_sync:
                 return
             grad = p.grad
-            if self.gradient_as_bucket_view:
+            if self.gradient_as_bucket_view and self._views[i] is not None:
                 view = self._views[i]
                 if grad is None or grad.data_ptr() != view.data_ptr():
                     # The framework replaced the gradient (set_to_none): back into the bucket.
@@ -226,7 +230,7 @@ class DistributedDataParallel(torch.nn.Module):
             self._ready[i] = 1
             if self._ft is not None:
                 self._ft.keep(i, grad)
-                self._ft.guard(self.engine.grad_ready, i, grad.data_ptr() if grad.numel() else None)
+                self._ft.guard(lambda: self.engine.grad_ready(i, grad.data_ptr() if grad.numel() else None))
                 return
             self.engine.grad_ready(i, grad.data_ptr() if grad.numel() else None)
         return hook
@@ -253,7 +257,7 @@ class DistributedDataParallel(torch.nn.Module):
         if self._step_sync and self.find_unused_parameters:
             created = self._report_unused()
         if self._ft is not None:
-            self._ft.guard(self.engine.end)
+            self._ft.guard(lambda: self.engine.end())
             self._ft.end_backward(self._step_sync)
         else:
             self.engine.end()
@@ -280,7 +284,7 @@ class DistributedDataParallel(torch.nn.Module):
         for i in np.flatnonzero(self._ready == 0):
             i = int(i)
             p = self._params[i]
-            if self.gradient_as_bucket_view:
+            if self.gradient_as_bucket_view and self._views[i] is not None:
                 if p.grad is None or p.grad.data_ptr() != self._views[i].data_ptr():
                     with torch.no_grad():
                         self._views[i].copy_(p.grad if p.grad is not None else
@@ -293,12 +297,12 @@ class DistributedDataParallel(torch.nn.Module):
                 created.append(i)
             if self._ft is not None:
                 self._ft.keep(i, p.grad)
-                self._ft.guard(self.engine.grad_ready, i, p.grad.data_ptr() if p.numel() else None)
+                self._ft.guard(lambda: self.engine.grad_ready(i, p.grad.data_ptr() if p.numel() else None))
             else:
                 self.engine.grad_ready(i, p.grad.data_ptr() if p.numel() else None)
         used = self._ready.copy()
         if self._ft is not None:
-            if self._ft.guard(self._comm.allreduce, used, None, "max") is None:
+            if self._ft.guard(lambda: self._comm.allreduce(used, None, "max")) is None:
                 return created  # failed: the recovery redoes the used-map
         else:
             self._comm.allreduce(used, op="max")
@@ -518,6 +522,7 @@ class DistributedDataParallel(torch.nn.Module):
 
     def close(self):
         """Frees the engine and the wrapper's communicator (and the one it made, if any)."""
+        self._closed = True
         if self.engine is not None:
             if self._overlapped is not None:
                 self._overlapped.flush()

@@ -8,7 +8,9 @@ options; FT_HOOK=allreduce: with libcomm.comm_hooks.allreduce_hook registered. F
 refusals of fault_tolerant=True instead. FT_CORRUPT=R:once|always: on the member that starts as R,
 when a joiner is admitted, one parameter and one momentum buffer change after the parameters were
 sent again as at wrap time (what the sha256 check is for: a replica that diverged); `always`: also
-after the repair's broadcast, so the repair cannot fix it."""
+after the repair's broadcast, so the repair cannot fix it. FT_KILL_AT_JOIN=R: the member that starts
+as R SIGKILLs itself when a grow admitting a joiner has returned, before the first collective on the
+grown communicator (a member lost during the admission at the step boundary)."""
 
 import json
 import os
@@ -86,6 +88,21 @@ def corrupt_at_join(rank, how):
     FaultTolerance._exchange_state = exchange_state
 
 
+def kill_at_join(rank):
+    """FT_KILL_AT_JOIN: this member dies after the grow decided, before the joiner is wrapped."""
+    import signal
+    if int(os.environ["RANK"]) != rank or os.environ.get("COMM_JOIN") == "1":
+        return
+    original = FaultTolerance._as_at_wrap
+
+    def as_at_wrap(self):
+        print(f"# [{rank}] test fault: SIGKILL during the admission, as rank {self.ddp._user_comm.rank} "
+              f"of {self.ddp._user_comm.size}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        original(self)
+    FaultTolerance._as_at_wrap = as_at_wrap
+
+
 def refusals():
     import torch
     from libcomm.comm_hooks import PowerSGDState, allreduce_hook, powerSGD_hook
@@ -133,6 +150,8 @@ if __name__ == "__main__":
     if os.environ.get("FT_CORRUPT"):
         r, how = os.environ["FT_CORRUPT"].split(":")
         corrupt_at_join(int(r), how)
+    if os.environ.get("FT_KILL_AT_JOIN"):
+        kill_at_join(int(os.environ["FT_KILL_AT_JOIN"]))
     if os.environ.get("FT_DDP_KW") or os.environ.get("FT_HOOK"):
         from libcomm import comm_hooks, torch_ddp
         plain, kw = torch_ddp.DistributedDataParallel, json.loads(os.environ.get("FT_DDP_KW") or "{}")

@@ -89,7 +89,11 @@ Status SocketTransport::check_idle() {
 // closed_peers (judge_silence false) leaves the silence out: transports/transport.h.
 void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   Entry entry(*this);
-  const Clock::time_point now = Clock::now();
+  // A failed transport reads no heartbeats: a peer's silence counts until the failure only. Else
+  // a live peer of a communicator that failed (idle detection) and then sat unused for a timeout
+  // (a DDP whose admission of a joiner waited out a dead member's comm_dup) was taken for a
+  // stopped one, and the agreement left the survivors no majority (python/libcomm/fault_tolerance.py).
+  const Clock::time_point now = failed_.ok() ? Clock::now() : failed_at_;
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
     const Connection& c0 = conn(p, 0);

@@ -68,8 +68,10 @@ void SocketTransport::abort() {
 // ---- requests --------------------------------------------------------------------------------
 
 Status SocketTransport::usable() {
-  if (aborted_.load(std::memory_order_acquire) && failed_.code() != COMM_ERR_ABORTED)
+  if (aborted_.load(std::memory_order_acquire) && failed_.code() != COMM_ERR_ABORTED) {
+    if (failed_.ok()) failed_at_ = Clock::now();
     failed_ = Aborted(me() + ": the transport was aborted (comm_abort); make a new communicator");
+  }
   return failed_;
 }
 

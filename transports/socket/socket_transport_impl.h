@@ -122,7 +122,10 @@ class SocketTransport final : public Transport {
   std::vector<size_t> thread_conn_of_;
   Status usable();
   Status fail(const Status& st) {
-    if (failed_.ok()) failed_ = st;
+    if (failed_.ok()) {
+      failed_ = st;
+      failed_at_ = Clock::now();
+    }
     return failed_;
   }
 
@@ -181,6 +184,9 @@ class SocketTransport final : public Transport {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> woken_{false};  // wake() since the last wait_some
   Status failed_;
+  // When failed_ was set: a failed transport reads nothing more, so heard_ stands still from then
+  // and a peer's silence is judged as it was then (find_lost).
+  Clock::time_point failed_at_{};
   AnySourceFifo any_recvs_;  // receives from any rank not matched yet, oldest first
   int any_turn_ = 0;  // where match_any looks first: every peer gets its turn
   uint64_t moved_ = 0;  // bytes moved on any connection: "no progress" means this stood still
