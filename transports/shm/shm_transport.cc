@@ -129,6 +129,12 @@ void ShmTransport::ring_all(bool fenced) {
 void ShmTransport::abort() {
   aborted_.store(true, std::memory_order_release);
   if (my_lines_ == nullptr) return;
+  // Local peers waiting on this rank learn it now, as a socket peer does from the connection that
+  // abort closes; without it they waited out COMM_TIMEOUT_MS for a rank that had given up (a
+  // fault-tolerant DDP survivor aborting its step's communicator while a peer still waited in it,
+  // so that peer reached the agreement too late: python-fault-tolerant-kill-options). Order 0:
+  // it concerns every operation.
+  publish_failure(me() + " aborted the communicator (comm_abort)", COMM_ERR_ABORTED, 0);
   my_lines_->doorbell.word.fetch_add(1, std::memory_order_seq_cst);
   futex_wake_all(&my_lines_->doorbell.word);
 }
@@ -181,23 +187,26 @@ Status ShmTransport::check_alive(int i, const std::string& during) {
 
 void ShmTransport::notify_peers(const Status& failure, uint64_t order) {
   Status reason = failure.ok() ? Internal(me() + ": notify_peers called without a failure") : failure;
-  if (my_header_ != nullptr && my_header_->error_code.load(std::memory_order_relaxed) == 0) {
-    const std::string& text = reason.message();
-    const size_t len = std::min(text.size(), kMaxErrorText);
-    std::memcpy(my_header_->error_text, text.data(), len);
-    my_header_->error_len = static_cast<uint32_t>(len);
-    my_header_->error_order = order;
-    my_header_->error_code.store(static_cast<uint32_t>(reason.code()), std::memory_order_release);
-    // Everyone, sleeping or not: a peer may wait on someone else and must still end.
-    for (size_t i = 0; i < peers_.size(); ++i) {
-      if (static_cast<int>(i) == me_) continue;
-      peers_[i].lines->doorbell.word.fetch_add(1, std::memory_order_seq_cst);
-      futex_wake_all(&peers_[i].lines->doorbell.word);
-    }
-    COMM_INFO(kNet, "%s: told its %zu local peer(s) that it failed: %s", me().c_str(), peers_.size() - 1,
-              text.c_str());
-  }
+  publish_failure(reason.message(), reason.code(), order);
   (void)fail(reason);
+}
+
+void ShmTransport::publish_failure(const std::string& text, comm_status_t code, uint64_t order) {
+  if (my_header_ == nullptr || my_header_->error_code.load(std::memory_order_relaxed) != 0 ||
+      published_.exchange(true, std::memory_order_acq_rel))
+    return;
+  const size_t len = std::min(text.size(), kMaxErrorText);
+  std::memcpy(my_header_->error_text, text.data(), len);
+  my_header_->error_len = static_cast<uint32_t>(len);
+  my_header_->error_order = order;
+  my_header_->error_code.store(static_cast<uint32_t>(code), std::memory_order_release);
+  // Everyone, sleeping or not: a peer may wait on someone else and must still end.
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (static_cast<int>(i) == me_) continue;
+    peers_[i].lines->doorbell.word.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(&peers_[i].lines->doorbell.word);
+  }
+  COMM_INFO(kNet, "%s: told its %zu local peer(s) that it failed: %s", me().c_str(), peers_.size() - 1, text.c_str());
 }
 
 // A local peer whose process exited (its pidfd) without comm_destroy.

@@ -239,6 +239,11 @@ class ShmTransport final : public Transport, public LocalAccess {
   std::chrono::nanoseconds spin_{0};
   std::chrono::nanoseconds yield_{0};  // after spinning, yield the core this long before sleeping
   std::atomic<bool> aborted_{false};
+  // Set by the first of notify_peers and abort (which may run on another thread, comm_abort's):
+  // only one of them writes this rank's failure into its header.
+  std::atomic<bool> published_{false};
+  // Writes a failure into this rank's header and wakes every local peer (notify_peers, abort).
+  void publish_failure(const std::string& text, comm_status_t code, uint64_t order);
   std::atomic<bool> woken_{false};
   Status failed_;
 };
