@@ -80,7 +80,8 @@ std::vector<int> routed_two_hosts(int n) {  // ranks 0 and 1 on different hosts,
 }
 
 // A socket peer's closed connections are seen at once; UCX's error handling reports the
-// endpoint; shared memory sees a dead process by its pid, a torn-down thread only by the deadline.
+// endpoint; shared memory sees a dead process by its pid, and a torn-down thread by the report
+// its abort() writes into the control segment (ShmTransport::abort, transports/shm/shm_transport.cc).
 PeerGone socket_peer_gone() { return {COMM_ERR_REMOTE, {"rank 1 closed its connection during allreduce #5", "did it exit or crash?"}}; }
 PeerGone ucx_peer_gone() {
   // Over shared memory alone (UCX_TLS=posix/sysv) UCX has no failure handling either.
@@ -88,7 +89,7 @@ PeerGone ucx_peer_gone() {
   if (tls != nullptr && *tls != '\0' && std::string(tls).find("tcp") == std::string::npos) return {COMM_ERR_TIMEOUT, {"rank 1"}};
   return {COMM_ERR_REMOTE, {"rank 1 failed", "during allreduce #5"}};
 }
-PeerGone shm_peer_gone() { return {COMM_ERR_TIMEOUT, {"rank 1"}}; }
+PeerGone shm_peer_gone() { return {COMM_ERR_REMOTE, {"rank 1 reported: ", "aborted the communicator (comm_abort)"}}; }
 
 const Fabric kFabrics[] = {
     {"socket", "[socket]", always, one_host, "socket", "socket", ": 0 of 400", socket_peer_gone, 4096},
