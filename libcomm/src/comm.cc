@@ -22,6 +22,7 @@
 #include "reachability.h"
 #include "registry.h"
 #include "rendezvous.h"
+#include "setup_watch.h"
 #include "tls/tls.h"
 #include "tuning/nccl_settings.h"
 #include "version.h"
@@ -202,7 +203,7 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
 }
 
 Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out,
-                    std::shared_ptr<Store> store, const std::string& secret) {
+                    std::shared_ptr<Store> store, const std::string& secret, bool watched) {
   auto c = std::make_unique<comm_s>();
   c->rank = rank;
   c->size = static_cast<int>(members.size());
@@ -222,12 +223,18 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
     c->world_ranks.push_back(parent->world_ranks[static_cast<size_t>(p)]);
   }
   c->all_local = renumber.size() == 1;
+  if (watched || parent->watch_setups) {
+    c->watch_setups = true;
+    c->setup_watch = SetupWatch::for_member(parent, c->job_store, id, members, 0);
+  }
   return finish_communicator(std::move(c), out);
 }
 
 Status finish_communicator(std::unique_ptr<comm_s> c, comm_t* out) {
-  COMM_RETURN_IF_ERROR(connect_transport(c.get()));
-  COMM_RETURN_IF_ERROR(init_barrier(c.get()));
+  Status st = connect_transport(c.get());
+  if (st.ok()) st = init_barrier(c.get());
+  if (c->setup_watch) c->setup_watch->end();  // its parent may go; later waits are the timeout's
+  COMM_RETURN_IF_ERROR(st);
   c->job_store->release_idle();
   COMM_INFO(kInit, "comm %s: rank %d of %d ready (transport %s)", c->id.c_str(), c->rank, c->size,
             c->transport->name());

@@ -36,6 +36,7 @@ struct comm_request_s {
 };
 
 namespace comm {
+class SetupWatch;  // setup_watch.h
 
 // Settings every rank must share, and the job's rendezvous results. comm.cc (resolve_settings)
 // fills every field from comm_config_t and the params registry (params.cc: the defaults).
@@ -78,6 +79,13 @@ struct comm_s {
   // This communicator's ranks set up their own host-local memory domain (the world, and a grown
   // communicator, whose joiners are in no earlier domain: grow.cc); the others share their parent's.
   bool own_job_memory = false;
+  // While a grown communicator is set up (grow.cc, join.cc): its transport's store waits end
+  // early when a rank is known dead (setup_watch.h); null otherwise.
+  std::shared_ptr<comm::SetupWatch> setup_watch;
+  // A grown or shrunk communicator: its children's set-ups are watched too (a comm_dup right after
+  // a comm_grow is where a death during an admission lands). The world's are not: a rank there
+  // is rarely dead, and a watched wait in a TCP store reconnects every slice.
+  bool watch_setups = false;
   bool shrunk = false;  // comm_shrink made a communicator from this one: only comm_destroy is left
   std::unique_ptr<comm::transport::Transport> transport;
   // The profile entries for this communicator's rank count and transport (never null after init).
@@ -164,9 +172,10 @@ namespace comm {
 Status init_communicator(const comm_config_t& cfg, comm_t* out);
 // Children share the job store and secret; every member calls with the same id and the same
 // members (their parent ranks, in the child's rank order). comm_shrink passes the store the
-// survivors met in and a new secret.
+// survivors met in and a new secret, and `watched`: its set-up ends early when a member is known
+// dead (setup_watch.h), as does that of every child of a watched communicator (grown, shrunk).
 Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out,
-                    std::shared_ptr<Store> store = nullptr, const std::string& secret = "");
+                    std::shared_ptr<Store> store = nullptr, const std::string& secret = "", bool watched = false);
 // A child whose fields are set but for its transport: connects it, waits for every member (the
 // init barrier), starts its watcher. create_child's last step, and comm_grow's (grow.cc, join.cc).
 Status finish_communicator(std::unique_ptr<comm_s> c, comm_t* out);

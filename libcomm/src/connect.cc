@@ -10,6 +10,7 @@
 #include "params.h"
 #include "process_plan.h"
 #include "registry.h"
+#include "setup_watch.h"
 #include "tls/tls.h"
 
 namespace comm {
@@ -67,8 +68,11 @@ void choose(const CommSettings& s, Choice* near, Choice* far) {
 }
 
 // The store of a transport of this communicator: its own prefix, so transports never collide.
+// A grown communicator's set-up watches its waits (setup_watch.h): a slice of 250 ms.
 std::shared_ptr<Store> transport_store(comm_t c, const std::string& kind) {
-  return make_prefix_store(c->job_store, "comm/" + c->id + "/" + kind);
+  std::shared_ptr<Store> store = make_prefix_store(c->job_store, "comm/" + c->id + "/" + kind);
+  if (!c->setup_watch) return store;
+  return make_watched_store(std::move(store), [watch = c->setup_watch] { return watch->check(); }, 250);
 }
 
 transport::ConnectRequest request_for(comm_t c, const std::string& kind, const transport::Options& opt) {

@@ -13,6 +13,7 @@
 #include "grow.h"
 #include "init_agreement.h"
 #include "log.h"
+#include "setup_watch.h"
 
 namespace comm::grow {
 namespace {
@@ -186,6 +187,7 @@ std::unique_ptr<comm_s> make_grown(const Answer& a, const CommSettings& settings
   g->world_ranks = a.world_ranks;
   g->all_local = std::all_of(a.host_of.begin(), a.host_of.end(), [](int h) { return h == 0; });
   g->own_job_memory = true;  // the joiners are in no earlier domain: this communicator makes its own
+  g->watch_setups = true;     // a comm_dup of it right after the grow is watched too (setup_watch.h)
   return g;
 }
 
@@ -271,7 +273,12 @@ Status admit(comm_t c, const std::string& payload, const std::vector<Joiner>& jo
   a.rank = c->rank;
   COMM_INFO(kInit, "comm %s rank %d: comm_grow admits %zu joiner(s) into comm %s of %zu ranks", c->id.c_str(), c->rank,
             reach.size(), a.id.c_str(), a.host_of.size());
-  return finish_communicator(make_grown(a, c->settings, c->job_store), out);
+  std::unique_ptr<comm_s> g = make_grown(a, c->settings, c->job_store);
+  // A member or a joiner that dies from here on ends the others' set-up waits early (setup_watch.h).
+  std::vector<int> members(static_cast<size_t>(c->size));
+  for (int r = 0; r < c->size; ++r) members[static_cast<size_t>(r)] = r;
+  g->setup_watch = SetupWatch::for_member(c, c->job_store, a.id, std::move(members), g->size - c->size);
+  return finish_communicator(std::move(g), out);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "params.h"
 #include "process_plan.h"
 #include "rendezvous.h"
+#include "setup_watch.h"
 #include "tls/tls.h"
 #include "tuning/nccl_settings.h"
 
@@ -101,7 +102,9 @@ Status join_communicator(const comm_config_t& cfg_in, comm_t* out) {
                     "process with the same libcomm)");
   log::set_thread_rank(a.rank);
   COMM_INFO(kInit, "%sadmitted as rank %d of %zu in comm %s", where.c_str(), a.rank, a.host_of.size(), a.id.c_str());
-  return finish_communicator(make_grown(a, settings, store), out).prefixed(where);
+  std::unique_ptr<comm_s> g = make_grown(a, settings, store);
+  g->setup_watch = SetupWatch::for_joiner(store, a.id, a.rank);  // alive, says its thread, until set up
+  return finish_communicator(std::move(g), out).prefixed(where);
 }
 
 }  // namespace comm::grow

@@ -205,7 +205,7 @@ Status shrink_communicator(comm_t c, const std::vector<int>& excluded_in, comm_t
   }
 
   comm_t made = nullptr;
-  COMM_RETURN_IF_ERROR(create_child(c, id, new_rank, members, &made, base, secret).prefixed(where + "comm_shrink: "));
+  COMM_RETURN_IF_ERROR(create_child(c, id, new_rank, members, &made, base, secret, /*watched=*/true).prefixed(where + "comm_shrink: "));
   Status device_st = device::shrink(c, made, excluded);
   if (!device_st.ok()) {
     destroy_communicator(made);

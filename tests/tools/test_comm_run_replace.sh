@@ -64,11 +64,18 @@ if grep -q "rank 1: its replacement #1 killed by signal 9 (Killed) before the ot
 # The replacement dies once a comm_grow answered it: counted into the slot, so comm-run cannot
 # tell it from a member, and the members' comm_grow fails (shared memory waits for it); they record
 # it excluded, and comm-run replaces it (else the slot stays empty: no agreement ever names it).
+# The members give the set-up up when its liveness counter stops (libcomm/src/setup_watch.h), not
+# at their timeout (15 s here): a member says so in a warning.
 mark=$(mktemp -u /tmp/grow-hello-XXXXXX)
-run_job "rank 2 SIGKILLed, its replacement dies once answered" GROW_VICTIM=2 GROW_HELLO_EXIT="$mark"
+run_job "rank 2 SIGKILLed, its replacement dies once answered" GROW_VICTIM=2 GROW_HELLO_EXIT="$mark" \
+  COMM_TIMEOUT_MS=15000
 rm -f "$mark"
 if grep -q "starting its replacement #2 with COMM_JOIN=1" <<<"$out"; then
   pass "the replacement that died in its join was replaced"; else fail "the replacement that died in its join was not replaced"; fi
+failed_grows=$(grep -E '^\[[0-3]\] GROW_FAILED ' <<<"$out" || true)
+if [[ -n $failed_grows ]] && grep -q "set-up given up: .* a joiner, gave no sign of life" <<<"$out"; then
+  pass "the dead joiner's silence ended the members' set-up"; else
+  fail "the dead joiner's set-up did not end on its silence: [$failed_grows]"; echo "$out" | tail -30; fi
 
 # Without --replace-failed: unchanged, a lost rank ends the job.
 out=$(env COMM_TIMEOUT_MS=4000 GROW_STEPS=12 GROW_VICTIM=1 timeout 120 "$RUN" -n 4 --bind none --timeout-s 100 -- \

@@ -66,6 +66,7 @@ Status Mesh::read_table() {
       // Past the deadline the rest are only looked at, so the message lists every missing rank.
       Deadline until = missing.empty() ? deadline : Deadline::after_ms(0);
       Status st = c_.store->get("addr/" + std::to_string(peer), &text, until);
+      if (!st.ok() && st.code() != COMM_ERR_TIMEOUT) return give_up_table(st);  // a watched wait's verdict
       if (!st.ok()) {
         missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
         continue;
@@ -74,10 +75,10 @@ Status Mesh::read_table() {
       table += "\n" + text;
     }
     if (!missing.empty())
-      return Timeout(me() + ": socket transport setup timed out after " + std::to_string(c_.timeout_ms) +
-                     " ms: rank(s) " + missing +
-                     " never published their socket address (did they start? are they stuck before their socket "
-                     "setup?)");
+      return give_up_table(Timeout(me() + ": socket transport setup timed out after " + std::to_string(c_.timeout_ms) +
+                                   " ms: rank(s) " + missing +
+                                   " never published their socket address (did they start? are they stuck before "
+                                   "their socket setup?)"));
     COMM_RETURN_IF_ERROR(c_.store->set("addrs", table));
   } else {
     std::string table;
@@ -85,6 +86,8 @@ Status Mesh::read_table() {
     if (!st.ok())
       return Status(st.code(), me() + ": rank 0 never published the socket address table (did every rank start?): " +
                                    st.message());
+    if (!table.empty() && table[0] == '!')
+      return RemoteError(me() + ": socket transport setup: rank 0 gave it up: " + table.substr(1));
     size_t pos = 0;
     for (int peer = 0; peer < c_.size; ++peer) {
       size_t end = table.find('\n', pos);
@@ -102,6 +105,12 @@ Status Mesh::read_table() {
                          text.substr(1));
   }
   return Status::Ok();
+}
+
+// Rank 0 tells the others why there is no table, so they fail now instead of at their timeout.
+Status Mesh::give_up_table(Status why) {
+  (void)c_.store->set("addrs", "!" + why.message());
+  return why;
 }
 
 Status Mesh::connect_all(std::vector<MeshLink>* done) {

@@ -123,6 +123,7 @@ class Mesh {
   struct Outgoing;
   struct Incoming;
   Status read_table();
+  Status give_up_table(Status why);
   Status accept_all();
   Status on_incoming(Incoming& in, std::vector<MeshLink>* done);
   Status validate(Incoming& in, std::vector<MeshLink>* done);

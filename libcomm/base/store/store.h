@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ Status wait_read_by(Store& store, const std::string& key, const std::vector<int>
 
 // Every key gets "prefix/" in front: one store serves many communicators.
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, const std::string& prefix);
+
+// A get that would block checks `check` every slice_ms of its wait and returns its error as soon
+// as it has one (watched_store.cc): a wait for a rank known dead ends then, not at the deadline.
+std::shared_ptr<Store> make_watched_store(std::shared_ptr<Store> base, std::function<Status()> check, int slice_ms);
 
 // In-process store shared by ranks that are threads of one process. Stores with the same
 // name are the same store while any handle to it lives ("memory://NAME").
