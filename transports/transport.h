@@ -277,6 +277,14 @@ class Transport {
   // the heartbeats then (a failed socket transport reads none), so a silence seen then proves
   // nothing. The transports without a silence rule have nothing to leave out.
   virtual void closed_peers(std::vector<int>* out) { lost_peers(out); }
+  // How long this transport has heard nothing from `peer`, in ms (as of its failure, once it
+  // failed); -1 when it cannot tell (no heartbeats, no connection). A live peer is heard every
+  // COMM_HEARTBEAT_MS, also while it waits: the hang trace takes a long silence for a stalled
+  // rank instead of waiting for it to report (libcomm/src/blame.cc).
+  virtual int64_t silent_ms(int peer) {
+    (void)peer;
+    return -1;
+  }
 
   // Whether a peer's report of a failure in the operation of order `report` fails a wait on an
   // operation of order `op`: the reporter sent all its data of earlier operations before its

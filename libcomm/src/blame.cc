@@ -143,12 +143,23 @@ Status trace_hang(comm_t c, const Status& failure) {
     if (nodes.count(a.peer) == 0) nodes[a.peer].parent = c->rank;
     todo.push_back(a.peer);
   }
-  std::string store_error;
+  std::string store_error, unheard;
+  // A rank this one has heard nothing from, not even a heartbeat, for this long is stalled: a live
+  // one, also one that waits, is heard every COMM_HEARTBEAT_MS. It is not waited for (the grace
+  // cost every SIGSTOP 2 s more than its timeout: issue 35's bound is the timeout plus 3 s).
+  const int64_t hb_ms = c->settings.heartbeat_ms;
+  const int64_t silent_enough_ms = hb_ms > 0 ? std::max<int64_t>(3 * hb_ms, 1000) : -1;
   while (!todo.empty()) {
     const int q = todo.front();
     todo.pop_front();
     Node& n = nodes[q];
     if (n.reported || q == c->rank) continue;
+    const int64_t quiet = silent_enough_ms > 0 ? c->transport->silent_ms(q) : -1;
+    if (quiet >= silent_enough_ms && silent_enough_ms > 0) {
+      unheard += "; rank " + std::to_string(q) + " sent this rank nothing, not even a heartbeat, for " +
+                 std::to_string(quiet) + " ms, so it was not waited for";
+      continue;
+    }
     std::string text;
     if (!store_error.empty() || !read_entry(c, *store, q, grace_end, &text, &store_error)) continue;
     n.reported = true;
@@ -196,7 +207,7 @@ Status trace_hang(comm_t c, const Status& failure) {
   } else {
     verdict = rank_list(stalled) + (stalled.size() == 1 ? " is" : " are") + " stalled: " + chain + "; " +
               rank_list(waiting) + " reported waiting in " + op + ", " + rank_list(stalled) + " did not report within " +
-              std::to_string(grace_ms) + " ms (stopped, hung outside libcomm, or not calling this operation?)";
+              std::to_string(grace_ms) + " ms (stopped, hung outside libcomm, or not calling this operation?)" + unheard;
   }
   COMM_INFO(kColl, "rank %d: %s", c->rank, verdict.c_str());
   return Status(failure.code(), verdict + saw);

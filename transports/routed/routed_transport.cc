@@ -101,6 +101,10 @@ class RoutedTransport final : public Transport {
     far_->closed_peers(out);
     std::sort(out->begin(), out->end());
   }
+  int64_t silent_ms(int peer) override {
+    if (peer < 0 || static_cast<size_t>(peer) >= is_local_.size()) return -1;
+    return is_local_[static_cast<size_t>(peer)] ? near_->silent_ms(peer) : far_->silent_ms(peer);
+  }
   uint64_t idle_failure_order() override {
     return std::max(near_->idle_failure_order(), far_->idle_failure_order());
   }

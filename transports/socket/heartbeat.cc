@@ -119,4 +119,14 @@ void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   }
 }
 
+// Judged as find_lost judges it: on connection 0, as of the failure once failed.
+int64_t SocketTransport::silent_ms(int peer) {
+  Entry entry(*this);
+  if (heartbeat_.count() == 0 || peer < 0 || peer >= size() || peer == rank()) return -1;
+  const Connection& c0 = conn(peer, 0);
+  if (c0.closed || !c0.fd.valid() || c0.said_goodbye || c0.state == RecvState::kStashed) return -1;
+  const Clock::time_point now = failed_.ok() ? Clock::now() : failed_at_;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(peer)]).count();
+}
+
 }  // namespace comm::transport::sock

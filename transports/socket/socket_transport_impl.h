@@ -56,6 +56,7 @@ class SocketTransport final : public Transport {
   void lost_peers(std::vector<int>* out) override { find_lost(out, true); }  // heartbeat.cc
   void closed_peers(std::vector<int>* out) override { find_lost(out, false); }
   void find_lost(std::vector<int>* out, bool judge_silence);
+  int64_t silent_ms(int peer) override;  // heartbeat.cc
   uint64_t idle_failure_order() override {
     Entry entry(*this);
     return Transport::idle_failure_order();
