@@ -74,15 +74,25 @@ std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-// Reads rank q's entry, retrying in slices until the grace ends (one try after it).
-// False when q published nothing; *store_error says why the store failed otherwise.
+// Another rank found q silent (below): its transport reaches q where this one's does not (a
+// shared-memory neighbour keeps no heartbeat clock while it waits, a socket peer does).
+std::string unheard_key(int rank) { return "unheard/" + std::to_string(rank); }
+
+// Reads rank q's entry, retrying in slices until the grace ends (one try after it) or another
+// rank says q is silent (*unheard_elsewhere). False when q published nothing; *store_error says
+// why the store failed otherwise.
 bool read_entry(comm_t c, Store& store, int q, Clock::time_point grace_end, std::string* text,
-                std::string* store_error) {
+                std::string* store_error, bool* unheard_elsewhere) {
   for (;;) {
     Status st = store.get(key_of(q), text, Deadline::after_ms(kSliceMs));
     if (st.ok()) return true;
     if (st.code() != COMM_ERR_TIMEOUT) {
       *store_error = st.message();
+      return false;
+    }
+    int64_t silent_for = 0;
+    if (store.add(unheard_key(q), 0, &silent_for).ok() && silent_for > 0) {
+      *unheard_elsewhere = true;
       return false;
     }
     if (Clock::now() >= grace_end || c->aborted.load(std::memory_order_acquire)) return false;
@@ -158,10 +168,18 @@ Status trace_hang(comm_t c, const Status& failure) {
     if (quiet >= silent_enough_ms && silent_enough_ms > 0) {
       unheard += "; rank " + std::to_string(q) + " sent this rank nothing, not even a heartbeat, for " +
                  std::to_string(quiet) + " ms, so it was not waited for";
+      int64_t ignored = 0;
+      (void)store->add(unheard_key(q), 1, &ignored);  // the ranks that cannot tell stop waiting for it too
       continue;
     }
     std::string text;
-    if (!store_error.empty() || !read_entry(c, *store, q, grace_end, &text, &store_error)) continue;
+    bool unheard_elsewhere = false;
+    if (!store_error.empty() || !read_entry(c, *store, q, grace_end, &text, &store_error, &unheard_elsewhere)) {
+      if (unheard_elsewhere)
+        unheard += "; another rank heard nothing from rank " + std::to_string(q) + ", not even a heartbeat, so it "
+                   "was not waited for";
+      continue;
+    }
     n.reported = true;
     n.waits = decode(text, c->size);
     for (const Awaited& a : n.waits) {
