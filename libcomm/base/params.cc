@@ -202,7 +202,8 @@ const std::vector<Param>& all() {
        nullptr},
       {"COMM_TEST_JOIN_EXIT", Type::kString, "",
        "tests only, a hook in a joiner's comm_init (COMM_JOIN=1): answered makes it exit (status 9) as soon as "
-       "a comm_grow answered it, counted into its slot (tests/tools/test_comm_run_replace.sh)",
+       "a comm_grow answered it, counted into its slot; registered, as soon as it wrote its hello "
+       "(tests/tools/test_comm_run_replace.sh)",
        nullptr},
       {"COMM_TEST_WIRE", Type::kString, "", "unit tests: run the algorithm sweeps over this transport (e.g. ucx)",
        nullptr},

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -102,6 +103,9 @@ struct comm_s {
   // comm_grow's lowest member: the job's join/claimed count it last read (it only grows), so a
   // step with nobody waiting costs one store read, not two (grow.cc).
   int64_t joins_claimed_seen = 0;
+  // The lowest member's looks at the waiting joiners' liveness counters (grow.cc): ticket ->
+  // the counter and when it was first seen at that value.
+  std::map<int64_t, std::pair<int64_t, comm::Clock::time_point>> joiners_seen;
   std::vector<uint64_t> send_seq, recv_seq;  // per peer, for send/recv matching
   comm::FlightRecorder recorder;  // the last operations, written by the issuing thread
   // Straggler detection's per-peer waits, shared with the transports (connect.cc; null when

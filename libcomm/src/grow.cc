@@ -19,8 +19,34 @@ namespace comm::grow {
 namespace {
 
 // A joiner takes its ticket, then writes its hello at once: with COMM_GROW_WAITING, a ticket
-// without a hello this long after is a joiner that died in between (it gets RETRY if not).
+// without a hello this long after is a joiner that died in between (it gets RETRY if not). As
+// long again without its liveness counter moving (join.cc bumps it every 200 ms) is a joiner
+// that died while it waited.
 constexpr int kHelloMs = 2000;
+
+enum class Waiting { kAlive, kGone, kUndecided };
+
+// With COMM_GROW_WAITING the lowest member claims only joiners it saw alive: a ticket's counter
+// moved between two of its grows (a step apart). Else a joiner killed while it waited was
+// admitted, its set-up failed, and the exclusion recorded for its slot's generation was taken by
+// the launcher for the replacement it had started meanwhile, which it killed: each grow then
+// admitted the previous, killed, joiner (a chaos run's cascade). A counter that stood still for
+// kHelloMs is a dead joiner: its ticket is withdrawn.
+Waiting look_at(comm_t c, Store& store, int64_t t) {
+  if (withdrawn(store, t)) return Waiting::kGone;
+  int64_t value = 0;
+  if (!store.add(alive_key(t), 0, &value).ok()) return Waiting::kUndecided;
+  const Clock::time_point now = Clock::now();
+  auto [it, first] = c->joiners_seen.try_emplace(t, value, now);
+  if (first) return Waiting::kUndecided;
+  if (it->second.first != value) return Waiting::kAlive;
+  if (now - it->second.second < std::chrono::milliseconds(kHelloMs)) return Waiting::kUndecided;
+  int64_t ignored = 0;
+  (void)store.add(gone_key(t), 1, &ignored);
+  COMM_INFO(kInit, "rank %d, comm %s: comm_grow: the joiner of ticket %lld gave no sign of life for %d ms while it "
+            "waited: withdrawn", c->rank, c->id.c_str(), static_cast<long long>(t), kHelloMs);
+  return Waiting::kGone;
+}
 
 enum Kind : int64_t { kNone = 0, kGrow = 1, kFail = 2 };
 
@@ -47,8 +73,14 @@ Status claim(comm_t c, int n_join, std::vector<Joiner>* admitted) {
     COMM_RETURN_IF_ERROR(store.add(kClaimed, 0, &claimed));
     c->joins_claimed_seen = claimed;
     if (tickets <= claimed) return Status::Ok();
-    COMM_RETURN_IF_ERROR(store.add(kClaimed, tickets - claimed, &last));
-    first = last - (tickets - claimed) + 1;  // another communicator's grow may have claimed some meanwhile
+    std::vector<Waiting> waiting;  // every one looked at now, so that joiners who came together join together
+    for (int64_t t = claimed + 1; t <= tickets; ++t) waiting.push_back(look_at(c, store, t));
+    int64_t upto = claimed;  // the tickets in order that are alive or gone: the rest wait for a later look
+    while (upto < tickets && waiting[static_cast<size_t>(upto - claimed)] != Waiting::kUndecided) ++upto;
+    if (upto == claimed) return Status::Ok();
+    c->joiners_seen.erase(c->joiners_seen.begin(), c->joiners_seen.upper_bound(upto));
+    COMM_RETURN_IF_ERROR(store.add(kClaimed, upto - claimed, &last));
+    first = last - (upto - claimed) + 1;  // another communicator's grow may have claimed some meanwhile
   } else {
     COMM_RETURN_IF_ERROR(store.add(kClaimed, n_join, &last));
     first = last - n_join + 1;

@@ -8,6 +8,8 @@
 //   job/join/claimed        the store's add: the tickets the growing communicators have claimed
 //   job/join/<t>/hello      the joiner of ticket t: its slot, host, reach address, settings
 //   job/join/<t>/answer     the lowest member's answer: the grown communicator, RETRY or FAIL
+//   job/join/<t>/alive      the store's add: bumped every 200 ms while the joiner waits for it
+//   job/join/<t>/gone       the store's add: > 0 once the ticket is withdrawn (its joiner gave up or died)
 // The exclusions comm_agree_failed decided (agree.cc writes, comm-run --replace-failed reads):
 //   job/exclusions          the store's add: how many records there are
 //   job/exclusion/<n>       "<world rank> <generation>": the process of that slot is excluded
@@ -31,6 +33,8 @@ inline const char* kTickets = "job/join/tickets";
 inline const char* kClaimed = "job/join/claimed";
 inline std::string hello_key(int64_t t) { return "job/join/" + std::to_string(t) + "/hello"; }
 inline std::string answer_key(int64_t t) { return "job/join/" + std::to_string(t) + "/answer"; }
+inline std::string alive_key(int64_t t) { return "job/join/" + std::to_string(t) + "/alive"; }
+inline std::string gone_key(int64_t t) { return "job/join/" + std::to_string(t) + "/gone"; }
 inline const char* kExclusions = "job/exclusions";
 inline std::string exclusion_key(int64_t n) { return "job/exclusion/" + std::to_string(n); }
 inline std::string excluded_key(int world, int64_t gen) {
@@ -75,7 +79,8 @@ void record_exclusions(comm_t c, const std::vector<int>& failed);
 // would ever replace it (docs/design/core.md, "Growing a communicator").
 void record_failed_joiners(Store& store, const std::string& payload);
 
-// Whether the joiner of `ticket` gave up waiting (join.cc marks it): a grow leaves it out.
+// Whether the joiner of `ticket` gave up waiting (join.cc marks it), or was found dead before it
+// was claimed (grow.cc): a grow leaves it out.
 bool withdrawn(Store& store, int64_t ticket);
 
 // The joiner's comm_init (COMM_JOIN=1): join.cc.

@@ -18,12 +18,30 @@
 namespace comm::grow {
 namespace {
 
-std::string gone_key(int64_t t) { return "job/join/" + std::to_string(t) + "/gone"; }
-
 std::string store_fix() {
   return "the job's store must outlive world rank 0 for joiners to find the job: run it under comm-run "
          "--replace-failed (which serves the store), with an external store (COMM_STORE_EXTERNAL=1, MASTER_ADDR:"
          "MASTER_PORT served outside the ranks), or with init_method file://";
+}
+
+// A launcher runs one process per slot at a time, so a joiner of slot `slot` that starts finds
+// every earlier process of its slot dead: their tickets no grow has claimed yet are withdrawn,
+// or the next grow would admit a dead process (whose set-up then fails) and record an exclusion
+// of the slot's generation that its launcher would take for this process's (the chaos runs saw
+// that cascade: each grow admitted the previous, killed, joiner).
+void withdraw_earlier_tickets(Store& store, int slot) {
+  int64_t claimed = 0, tickets = 0;
+  if (!store.add(kClaimed, 0, &claimed).ok() || !store.add(kTickets, 0, &tickets).ok()) return;
+  for (int64_t t = claimed + 1; t <= tickets; ++t) {
+    std::string text;
+    Hello h;
+    if (!store.get(hello_key(t), &text, Deadline::after_ms(100)).ok() || !decode_hello(text, &h) || h.slot != slot)
+      continue;
+    int64_t ignored = 0;
+    (void)store.add(gone_key(t), 1, &ignored);
+    COMM_INFO(kInit, "joiner (slot %d): withdrew ticket %lld of an earlier process of its slot (it is gone)", slot,
+              static_cast<long long>(t));
+  }
 }
 
 }  // namespace
@@ -70,15 +88,20 @@ Status join_communicator(const comm_config_t& cfg_in, comm_t* out) {
   hello.reach = store->reach_address();
   hello.settings = settings_fingerprint(settings);
   const Deadline deadline = Deadline::after_ms(settings.timeout_ms);
-  std::string text;
+  if (slot >= 0) withdraw_earlier_tickets(*store, slot);
+  std::string text, hook;
   for (;;) {
     int64_t ticket = 0;
     Status st = store->add(kTickets, 1, &ticket);
     if (st.ok()) st = store->set(hello_key(ticket), encode_hello(hello));
     if (!st.ok()) return Unavailable(where + "the job's store stopped answering (" + st.message() + "); " + store_fix());
+    if (params::get_string("COMM_TEST_JOIN_EXIT", &hook).ok() && hook == "registered") std::_Exit(9);
     COMM_INFO(kInit, "%sregistered as ticket %lld; waiting for the job's next comm_grow", where.c_str(),
               static_cast<long long>(ticket));
-    st = store->get(answer_key(ticket), &text, deadline);
+    {
+      Bumper alive(store, alive_key(ticket), std::chrono::milliseconds(50));  // grow.cc admits only a joiner whose counter moves
+      st = store->get(answer_key(ticket), &text, deadline);
+    }
     if (!st.ok()) {
       int64_t ignored = 0;
       (void)store->add(gone_key(ticket), 1, &ignored);  // a grow that claims it later leaves it out
@@ -93,7 +116,6 @@ Status join_communicator(const comm_config_t& cfg_in, comm_t* out) {
       return Timeout(where + "the comm_grow calls that claimed this process failed until its timeout (" +
                      std::to_string(settings.timeout_ms) + " ms); see the members' errors");
   }
-  std::string hook;
   if (params::get_string("COMM_TEST_JOIN_EXIT", &hook).ok() && hook == "answered") std::_Exit(9);
   if (text.rfind("FAIL\n", 0) == 0) return InvalidUsage(where + "the job refused this process: " + text.substr(5));
   Answer a;

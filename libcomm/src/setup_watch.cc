@@ -33,35 +33,44 @@ std::shared_ptr<SetupWatch> SetupWatch::for_member(comm_t parent, std::shared_pt
   return w;
 }
 
+Bumper::Bumper(std::shared_ptr<Store> store, std::string key, std::chrono::milliseconds period)
+    : store_(std::move(store)), key_(std::move(key)), period_(period), thread_([this] {
+        std::unique_lock<std::mutex> lock(mu_);
+        while (!stop_) {
+          lock.unlock();
+          int64_t ignored = 0;
+          (void)store_->add(key_, 1, &ignored);  // a failing store fails the owner's own waits
+          lock.lock();
+          wake_.wait_for(lock, period_, [this] { return stop_; });
+        }
+      }) {}
+
+Bumper::~Bumper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
 std::shared_ptr<SetupWatch> SetupWatch::for_joiner(std::shared_ptr<Store> store, const std::string& grown_id, int rank) {
   std::shared_ptr<SetupWatch> w(new SetupWatch(std::move(store), grown_id));
   w->self_ = rank;
-  SetupWatch* raw = w.get();  // end() (at the latest the destructor) joins the thread before it goes
-  w->bumper_ = std::thread([raw] {
-    const std::string key = alive_key(raw->id_, raw->self_);
-    std::unique_lock<std::mutex> lock(raw->mu_);
-    while (!raw->ended_) {
-      lock.unlock();
-      int64_t ignored = 0;
-      (void)raw->store_->add(key, 1, &ignored);  // a failing store fails the set-up's own waits
-      lock.lock();
-      raw->wake_.wait_for(lock, kBumpEvery, [raw] { return raw->ended_; });
-    }
-  });
+  w->bumper_ = std::make_unique<Bumper>(w->store_, alive_key(grown_id, rank), kBumpEvery);
   return w;
 }
 
 void SetupWatch::end() {
+  std::unique_ptr<Bumper> bumper;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ended_ = true;
     parent_ = nullptr;
+    bumper = std::move(bumper_);
   }
-  wake_.notify_all();
-  if (bumper_.joinable()) bumper_.join();
+  bumper.reset();  // joins its thread, outside the lock
 }
-
-SetupWatch::~SetupWatch() { end(); }
 
 Status SetupWatch::check() {
   std::lock_guard<std::mutex> lock(mu_);

@@ -24,6 +24,27 @@
 
 namespace comm {
 
+// A thread that adds 1 to `key` in `store` every `period` until it is destroyed: a process's
+// liveness, for others to read while it waits (a joiner waiting for its answer, every 50 ms:
+// grow.cc's claim admits only joiners whose counter it saw move, so the period delays every
+// admission; a joiner in its set-up, every 200 ms: SetupWatch below).
+class Bumper {
+ public:
+  Bumper(std::shared_ptr<Store> store, std::string key, std::chrono::milliseconds period);
+  ~Bumper();
+  Bumper(const Bumper&) = delete;
+  Bumper& operator=(const Bumper&) = delete;
+
+ private:
+  std::shared_ptr<Store> store_;
+  std::string key_;
+  std::chrono::milliseconds period_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
 class SetupWatch {
  public:
   // A member of `parent` (alive until end()) setting up communicator `id`, whose ranks are
@@ -37,7 +58,6 @@ class SetupWatch {
   Status check();
   // The set-up is over: checks pass from now on (the parent may go away), a joiner stops bumping.
   void end();
-  ~SetupWatch();
 
  private:
   SetupWatch(std::shared_ptr<Store> store, std::string grown_id) : store_(std::move(store)), id_(std::move(grown_id)) {}
@@ -51,8 +71,7 @@ class SetupWatch {
   std::vector<int> members_;  // a member's: the parent's ranks, in the new communicator's order
   int self_ = -1;  // a joiner's rank
   bool ended_ = false;
-  std::condition_variable wake_;
-  std::thread bumper_;  // a joiner's
+  std::unique_ptr<Bumper> bumper_;  // a joiner's
   struct Seen {
     int64_t value = -1;
     Clock::time_point since{};

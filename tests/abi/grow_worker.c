@@ -237,6 +237,14 @@ static int train(void) {
     if (f != NULL) fclose(f);
     setenv("COMM_TEST_JOIN_EXIT", "answered", 1);
   }
+  /* GROW_REGISTERED_EXIT=FILE: the first replacement exits once it registered (ticket and hello
+   * written), before any comm_grow answered it. */
+  const char* registered_exit = getenv("GROW_REGISTERED_EXIT");
+  if (joining && registered_exit != NULL && access(registered_exit, F_OK) != 0) {
+    FILE* f = fopen(registered_exit, "w");
+    if (f != NULL) fclose(f);
+    setenv("COMM_TEST_JOIN_EXIT", "registered", 1);
+  }
   comm_t c = NULL;
   comm_status_t st = comm_init(NULL, &c);
   if (st != COMM_OK) return fail("comm_init", st), 1;

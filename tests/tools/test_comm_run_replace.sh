@@ -47,7 +47,7 @@ if grep -q "rank 2 was excluded by the others but still runs (stopped?): SIGKILL
 # The replacement is lost too (a second failure, in the grown communicator): replaced again. The
 # exclusion records carry the slot's generation, so the first loss never kills the second process.
 mark=$(mktemp -u /tmp/grow-again-XXXXXX)
-run_job "rank 3 SIGKILLed, then its replacement" GROW_VICTIM=3 GROW_AGAIN="$mark" GROW_STEPS=14
+run_job "rank 3 SIGKILLed, then its replacement" GROW_VICTIM=3 GROW_AGAIN="$mark" GROW_STEPS=24
 rm -f "$mark"
 if grep -q "starting its replacement #2 with COMM_JOIN=1" <<<"$out" && \
    ! grep -q "starting its replacement #3" <<<"$out"; then pass "the lost replacement was replaced once"; else
@@ -76,6 +76,19 @@ failed_grows=$(grep -E '^\[[0-3]\] GROW_FAILED ' <<<"$out" || true)
 if [[ -n $failed_grows ]] && grep -q "set-up given up: .* a joiner, gave no sign of life" <<<"$out"; then
   pass "the dead joiner's silence ended the members' set-up"; else
   fail "the dead joiner's set-up did not end on its silence: [$failed_grows]"; echo "$out" | tail -30; fi
+
+# The replacement dies once registered, before any grow answered it: the lowest member admits only
+# a joiner whose liveness counter it saw move (libcomm/src/grow.cc), so the dead one is never
+# admitted (its ticket is withdrawn) and comm-run starts it again. Admitted, it failed the grow and
+# an exclusion of its slot's generation was recorded, which comm-run took for the replacement it
+# had started meanwhile.
+mark=$(mktemp -u /tmp/grow-registered-XXXXXX)
+run_job "rank 3 SIGKILLed, its replacement dies once registered" GROW_VICTIM=3 GROW_REGISTERED_EXIT="$mark"
+rm -f "$mark"
+if grep -q "rank 3: its replacement #1 exited with status 9 before the others admitted it: starting it again" \
+   <<<"$out" && ! grep -q "set-up given up" <<<"$out"; then
+  pass "the replacement that died waiting was never admitted, and started again"; else
+  fail "the replacement that died waiting was admitted, or not started again"; echo "$out" | tail -30; fi
 
 # Without --replace-failed: unchanged, a lost rank ends the job.
 out=$(env COMM_TIMEOUT_MS=4000 GROW_STEPS=12 GROW_VICTIM=1 timeout 120 "$RUN" -n 4 --bind none --timeout-s 100 -- \
