@@ -369,6 +369,17 @@ class FaultTolerance:
             warnings.warn(self._where() + f"no rank can join this job (comm_grow: {e}); it goes on "
                           "with the ranks it has", RuntimeWarning)
             return
+        except errors.CommError as e:
+            if not recoverable(e):
+                raise
+            # A failed comm_grow changes nothing (a joiner that died during its admission:
+            # libcomm/src/setup_watch.h); the members all fail it alike. It is no failure of the
+            # step: taken for one, four in a row (a launcher's replacements dying one after
+            # another) stopped the job. A member lost meanwhile fails the next step instead.
+            warnings.warn(self._where() + f"admitting a joiner failed; the job goes on with the ranks "
+                          f"it has and admits at a later step (comm_grow: {str(e).splitlines()[0]})",
+                          RuntimeWarning)
+            return
         if new is None:
             return
         start = time.monotonic()
