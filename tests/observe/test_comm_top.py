@@ -22,38 +22,11 @@ import sys
 import tempfile
 import time
 
-from procs import stop_group
+from procs import COMM_TOP, comm_top, names_stopped, plugin_missing, rank_pids, stop_group
 
 BUILD = os.path.abspath(sys.argv[1])
 MODE = sys.argv[2]
-SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COMM_TOP = os.path.join(SOURCE, "tools", "comm-top", "comm-top")
 RANKS, CULPRIT, WITHIN_S = 4, 2, 5.0
-
-
-def rank_pids(parent):
-    """{RANK: pid} of comm-run's children, from their environment."""
-    out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != parent:
-                continue
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            out[int(env[b"RANK"])] = int(pid)
-        except (OSError, ValueError, KeyError, IndexError):
-            pass
-    return out
-
-
-def comm_top(targets, *extra):
-    run = subprocess.run([sys.executable, COMM_TOP, "--json", *extra, targets], capture_output=True, text=True,
-                         timeout=30)
-    return json.loads(run.stdout) if run.returncode == 0 and run.stdout else None
 
 
 def free_port():
@@ -111,11 +84,11 @@ def store_mode():
 
 
 def main():
-    if MODE == "store" and os.path.exists(os.path.join(BUILD, "libcomm_metrics.so")):
-        return store_mode()
-    if not os.path.exists(os.path.join(BUILD, "libcomm_metrics.so")):
-        print("SKIP: the metrics plugin was not built (apt-get install prometheus-cpp-dev)")
+    if plugin_missing(BUILD):
+        print(plugin_missing(BUILD))
         return 77
+    if MODE == "store":
+        return store_mode()
     tmp = tempfile.mkdtemp(prefix="libcomm-comm-top-")
     targets = os.path.join(tmp, "targets")
     os.mkdir(targets)
@@ -136,7 +109,7 @@ def main():
             return 1
         if MODE == "stopped":
             time.sleep(0.5)  # a few calls in, so every rank has heard from its peers
-            pids = rank_pids(job.pid)
+            pids = rank_pids(parent=job.pid)
             stopped = pids[CULPRIT]
             os.kill(stopped, signal.SIGSTOP)
         start = time.monotonic()
@@ -149,9 +122,9 @@ def main():
             last = view
             comm = view["comms"].get("0", {})
             if MODE == "stopped":
-                hang = comm.get("hang") or {}
-                if CULPRIT in hang.get("culprits", []) and CULPRIT in comm.get("silent", []):
-                    print(f"OK after {elapsed:.1f} s: {hang['text']}")
+                text = names_stopped(view, CULPRIT)
+                if text:
+                    print(f"OK after {elapsed:.1f} s: {text}")
                     break
             else:
                 named = [s for s in comm.get("stragglers", []) if s["rank"] == 3]

@@ -20,47 +20,19 @@ import sys
 import tempfile
 import time
 
-from procs import stop_group
+from procs import SOURCE, comm_top, names_stopped, plugin_missing, rank_pids, stop_group
 
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
-SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COMM_TOP = os.path.join(SOURCE, "tools", "comm-top", "comm-top")
 HOSTS, CULPRIT, WITHIN_S = 4, 2, 10.0
 MARK = "LIBCOMM_COMM_TOP_NETSIM_TEST"
-
-
-def rank_pids(mark):
-    """{RANK: pid} of this test's rank_loop processes (their environment carries MARK=mark)."""
-    out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() != "rank_loop":
-                    continue
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            if env.get(MARK.encode()) == mark.encode():
-                out[int(env[b"RANK"])] = int(pid)
-        except (OSError, ValueError, KeyError):
-            pass
-    return out
-
-
-def comm_top(netns_of, targets):
-    """comm-top --json inside the network namespace of process netns_of (a simulated host)."""
-    run = subprocess.run(["nsenter", f"--net=/proc/{netns_of}/ns/net", sys.executable, COMM_TOP, "--json",
-                          "--interval", "0.5", "--hang-s", "0.5", targets], capture_output=True, text=True, timeout=30)
-    return json.loads(run.stdout) if run.returncode == 0 and run.stdout else None
 
 
 def main():
     if os.geteuid() != 0:
         print("SKIP: netsim needs root (network namespaces, tc)")
         return 77
-    if not os.path.exists(os.path.join(BUILD, "libcomm_metrics.so")):
-        print("SKIP: the metrics plugin was not built (apt-get install prometheus-cpp-dev)")
+    if plugin_missing(BUILD):
+        print(plugin_missing(BUILD))
         return 77
     tmp = tempfile.mkdtemp(prefix="libcomm-comm-top-netsim-")
     targets = os.path.join(tmp, "targets")
@@ -81,7 +53,7 @@ def main():
         deadline = time.monotonic() + 60
         while len(os.listdir(targets)) < HOSTS and time.monotonic() < deadline and job.poll() is None:
             time.sleep(0.1)
-        pids = rank_pids(mark)
+        pids = rank_pids(mark=(MARK, mark))
         if len([f for f in os.listdir(targets) if f.endswith(".json")]) < HOSTS or sorted(pids) != list(range(HOSTS)):
             print(f"FAIL: the ranks did not all start and write their metrics files (files {os.listdir(targets)}, "
                   f"ranks {sorted(pids)}):", job.stdout.read1().decode(errors="replace") if job.poll() is not None else "")
@@ -91,15 +63,14 @@ def main():
         os.kill(stopped, signal.SIGSTOP)
         start, last = time.monotonic(), None
         while time.monotonic() - start < WITHIN_S:
-            view = comm_top(pids[0], targets)
+            view = comm_top(targets, "--interval", "0.5", "--hang-s", "0.5", netns_of=pids[0])
             if view is None:
                 continue
             last = view
-            comm = view["comms"].get("0", {})
-            hang = comm.get("hang") or {}
-            if CULPRIT in hang.get("culprits", []) and CULPRIT in comm.get("silent", []):
-                print(f"OK after {time.monotonic() - start:.1f} s, across {HOSTS} netsim hosts: {hang['text']}")
-                print(json.dumps(comm["ranks"], indent=None))
+            text = names_stopped(view, CULPRIT)
+            if text:
+                print(f"OK after {time.monotonic() - start:.1f} s, across {HOSTS} netsim hosts: {text}")
+                print(json.dumps(view["comms"]["0"]["ranks"], indent=None))
                 return 0
         print(f"FAIL: comm-top (in host 0's namespace) did not name the stopped rank {CULPRIT} within {WITHIN_S} s; "
               f"its last view:\n{json.dumps(last, indent=1)}")

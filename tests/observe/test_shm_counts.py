@@ -16,35 +16,28 @@ job over UCX (COMM_TRANSPORT=ucx, where libcomm was built with it): a ring, so r
 from rank 2, and must have waited for it. Exits 77 (skipped) without the metrics plugin.
 """
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
+from procs import plugin_missing, read_textfile
+
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
 RANKS, SLOW, SLOW_MS, ITERATIONS = 3, 2, 50, 6
-SAMPLE = re.compile(r'^(libcomm_[\w]+)\{([^}]*)\}\s+(\S+)$')
-LABEL = re.compile(r'(\w+)="([^"]*)"')
 OWN_BYTES = 1  # the runtime's own barrier: its one-byte message each way per peer
 
 
-def final_counts(path):
-    """({peer: {metric: value}}, {collective: algorithm}) of comm 0 in one rank's textfile."""
-    peers, algos = {}, {}
-    with open(path) as f:
-        for line in f:
-            m = SAMPLE.match(line.strip())
-            if not m:
-                continue
-            labels = dict(LABEL.findall(m.group(2)))
-            if labels.get("comm") != "0":
-                continue
-            if "peer" in labels:
-                peers.setdefault(int(labels["peer"]), {})[m.group(1)] = float(m.group(3))
-            if m.group(1) == "libcomm_collective_algorithm_info":
-                algos[labels["collective"]] = labels["algorithm"]
-    return peers, algos
+def run_loop(out, transport, count):
+    """rank_loop's job of `count` floats under comm-run over `transport`, rank SLOW sleeping SLOW_MS
+    per call; each rank's final counts in out/final-<r>.prom."""
+    env = dict(os.environ, COMM_TRANSPORT=transport, COMM_TIMEOUT_MS="60000",
+               COMM_METRICS_TEXTFILE=os.path.join(out, "final-%r.prom"))
+    for key in ("COMM_ALGO", "COMM_METRICS_ADDR", "COMM_STRAGGLER_MS"):
+        env.pop(key, None)
+    return subprocess.run([os.path.join(BUILD, "tools/comm-run/comm-run"), "-n", str(RANKS), "--bind", "none",
+                           "--timeout-s", "60", "--", os.path.join(BUILD, "tests/observe/rank_loop"), str(ITERATIONS),
+                           str(SLOW), str(SLOW_MS), str(count)], env=env, capture_output=True, text=True, timeout=90)
 
 
 def slice_len(count, b):
@@ -55,13 +48,7 @@ def check(tmp, count, algorithm, per_call):
     """Runs the job of `count` floats; per_call(r, p): the bytes each way between ranks r and p in a call."""
     out = os.path.join(tmp, str(count))
     os.mkdir(out)
-    env = dict(os.environ, COMM_TRANSPORT="shm", COMM_TIMEOUT_MS="60000",
-               COMM_METRICS_TEXTFILE=os.path.join(out, "final-%r.prom"))
-    for key in ("COMM_ALGO", "COMM_METRICS_ADDR", "COMM_STRAGGLER_MS"):
-        env.pop(key, None)
-    run = subprocess.run([os.path.join(BUILD, "tools/comm-run/comm-run"), "-n", str(RANKS), "--bind", "none",
-                          "--timeout-s", "60", "--", os.path.join(BUILD, "tests/observe/rank_loop"), str(ITERATIONS),
-                          str(SLOW), str(SLOW_MS), str(count)], env=env, capture_output=True, text=True, timeout=90)
+    run = run_loop(out, "shm", count)
     if run.returncode != 0:
         print(f"FAIL: the job of {count} floats failed (exit {run.returncode}):\n{(run.stdout + run.stderr)[-4000:]}")
         return False
@@ -71,7 +58,7 @@ def check(tmp, count, algorithm, per_call):
         if not os.path.exists(path):
             print(f"FAIL: rank {r} wrote no {path}:\n{(run.stdout + run.stderr)[-3000:]}")
             return False
-        peers, algos = final_counts(path)
+        peers, algos = read_textfile(path)
         if algos.get("allreduce") != algorithm:
             print(f"FAIL: rank {r} ran the all-reduce of {count} floats with {algos.get('allreduce')}, not {algorithm}")
             ok = False
@@ -100,20 +87,14 @@ def ucx_waits(tmp, count):
     """The large job over UCX: rank 0's whole-call waits name rank 2 (its ring neighbour, the slow one)."""
     out = os.path.join(tmp, "ucx")
     os.mkdir(out)
-    env = dict(os.environ, COMM_TRANSPORT="ucx", COMM_TIMEOUT_MS="60000",
-               COMM_METRICS_TEXTFILE=os.path.join(out, "final-%r.prom"))
-    for key in ("COMM_ALGO", "COMM_METRICS_ADDR", "COMM_STRAGGLER_MS"):
-        env.pop(key, None)
-    run = subprocess.run([os.path.join(BUILD, "tools/comm-run/comm-run"), "-n", str(RANKS), "--bind", "none",
-                          "--timeout-s", "60", "--", os.path.join(BUILD, "tests/observe/rank_loop"), str(ITERATIONS),
-                          str(SLOW), str(SLOW_MS), str(count)], env=env, capture_output=True, text=True, timeout=90)
+    run = run_loop(out, "ucx", count)
     if run.returncode != 0 and "UNAVAILABLE" in run.stdout + run.stderr:
         print("SKIP (this part): libcomm was built without UCX")
         return True
     if run.returncode != 0:
         print(f"FAIL: the UCX job failed (exit {run.returncode}):\n{(run.stdout + run.stderr)[-4000:]}")
         return False
-    peers, _ = final_counts(os.path.join(out, "final-0.prom"))
+    peers, _ = read_textfile(os.path.join(out, "final-0.prom"))
     whole = {p: v.get("libcomm_peer_recv_wait_seconds_total", 0.0) for p, v in peers.items()}
     print(f"ucx rank 0: whole-call waits {', '.join(f'{p}: {w * 1000:.1f} ms' for p, w in sorted(whole.items()))}")
     if not whole or max(whole, key=whole.get) != SLOW or whole[SLOW] <= 0:
@@ -123,8 +104,8 @@ def ucx_waits(tmp, count):
 
 
 def main():
-    if not os.path.exists(os.path.join(BUILD, "libcomm_metrics.so")):
-        print("SKIP: the metrics plugin was not built (apt-get install prometheus-cpp-dev)")
+    if plugin_missing(BUILD):
+        print(plugin_missing(BUILD))
         return 77
     tmp = tempfile.mkdtemp(prefix="libcomm-shm-counts-")
     try:

@@ -16,40 +16,23 @@ Exits 77 (skipped) without root or without the metrics plugin.
 """
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
+from procs import COMM_TOP, SOURCE, plugin_missing, read_textfile
+
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
-SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOSTS, SLOW, ITERATIONS, COUNT = 4, 3, 8, 65536  # COUNT floats per peer: 256 KiB
-SAMPLE = re.compile(r'^(libcomm_peer_\w+)\{([^}]*)\}\s+(\S+)$')
-LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def peer_counts(path):
-    """{peer: {metric: value}} of comm 0 in one rank's textfile."""
-    out = {}
-    with open(path) as f:
-        for line in f:
-            m = SAMPLE.match(line.strip())
-            if not m:
-                continue
-            labels = dict(LABEL.findall(m.group(2)))
-            if labels.get("comm") != "0":
-                continue
-            out.setdefault(int(labels["peer"]), {})[m.group(1)] = float(m.group(3))
-    return out
 
 
 def main():
     if os.geteuid() != 0:
         print("SKIP: netsim needs root (network namespaces, tc)")
         return 77
-    if not os.path.exists(os.path.join(BUILD, "libcomm_metrics.so")):
-        print("SKIP: the metrics plugin was not built (apt-get install prometheus-cpp-dev)")
+    if plugin_missing(BUILD):
+        print(plugin_missing(BUILD))
         return 77
     tmp = tempfile.mkdtemp(prefix="libcomm-slow-link-")
     try:
@@ -68,7 +51,7 @@ def main():
             if not os.path.exists(path):
                 print(f"FAIL: rank {r} wrote no {path} (COMM_METRICS_TEXTFILE):\n{(run.stdout + run.stderr)[-3000:]}")
                 return 1
-            views[r] = peer_counts(path)
+            views[r] = read_textfile(path)[0]
         ok = True
         expected = ITERATIONS * COUNT * 4
         for r in range(HOSTS):
@@ -90,7 +73,7 @@ def main():
                       f"link's rank {SLOW}")
                 ok = False
         # comm-top reads the same final counts and names the slow link.
-        top = subprocess.run([sys.executable, os.path.join(SOURCE, "tools/comm-top/comm-top"), "--json", "--interval",
+        top = subprocess.run([sys.executable, COMM_TOP, "--json", "--interval",
                               "0", *[os.path.join(tmp, f"final-{r}.prom") for r in range(HOSTS)]],
                              capture_output=True, text=True, timeout=30)
         links = json.loads(top.stdout)["comms"].get("0", {}).get("slow_links", []) if top.returncode == 0 else None
