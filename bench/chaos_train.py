@@ -97,6 +97,26 @@ def special_kind(args, index, n):
     return kinds[index % len(kinds)]
 
 
+def sweep(rundir, netsim_pid):
+    """What a run may leave behind when it hung (netsim's SIGINT stops neither the slots' supervisors
+    nor the ranks they restart): every process whose command line names the run's directory, and
+    netsim's network namespaces (nsim<pid>-*)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if rundir.encode() not in f.read():
+                    continue
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for name in names:
+        if name.startswith(f"nsim{netsim_pid}-"):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
 def one_run(args, index):
     n = args.hosts * args.ranks_per_host
     rundir = tempfile.mkdtemp(prefix=f"chaos_{index}_")
@@ -189,6 +209,8 @@ def one_run(args, index):
                 hit(victim, "kill")
         time.sleep(0.05)
     wall = time.monotonic() - t_train
+    if hung:
+        sweep(rundir, ns.pid)
     return chaos_report.summarize(rundir, n, args.steps, seed, events, hung, wall, args.band_data, index,
                                   f"{args.hosts}x{args.ranks_per_host}")
 
