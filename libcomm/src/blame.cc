@@ -128,10 +128,15 @@ Status trace_hang(comm_t c, const Status& failure) {
   (void)store->add("reported", 1, &ignored);
   // Rank 0 of the job serves the store in its process, which may exit once this call returns:
   // it stays until every rank that reported has finished reading (or another grace passes).
+  // A rank that concludes at once (the stalled rank silent) must still wait for the ones that
+  // have not published yet (a rank that timed out first sends its report before it publishes):
+  // until the grace ends, or every rank but the stalled ones has reported.
   struct StayForReaders {
     comm_t c;
     Store& store;
     int grace_ms;
+    Clock::time_point hold_until;
+    int64_t expected = 0;  // set after the walk: the ranks that are not stalled
     ~StayForReaders() {
       int64_t traced = 0, reported = 0;
       (void)store.add("traced", 1, &traced);
@@ -139,10 +144,11 @@ Status trace_hang(comm_t c, const Status& failure) {
       if (!serves) return;
       const Deadline stay = Deadline::after_ms(grace_ms);
       while (!stay.expired() && !c->aborted.load(std::memory_order_acquire) &&
-             store.add("traced", 0, &traced).ok() && store.add("reported", 0, &reported).ok() && traced < reported)
+             store.add("traced", 0, &traced).ok() && store.add("reported", 0, &reported).ok() &&
+             (traced < reported || (Clock::now() < hold_until && reported < expected)))
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-  } stay{c, *store, grace_ms};
+  } stay{c, *store, grace_ms, grace_end};
   if (wf.awaited.empty()) return failure;
 
   // Breadth first from our own peers; every rank once.
@@ -196,6 +202,7 @@ Status trace_hang(comm_t c, const Status& failure) {
 
   std::vector<int> stalled, waiting;
   for (const auto& [r, n] : nodes) (n.reported ? waiting : stalled).push_back(r);
+  stay.expected = c->size - static_cast<int64_t>(stalled.size());
   {
     std::lock_guard<std::mutex> lock(c->state_mu);  // comm_agree_failed's suspicions (agree.cc)
     c->stalled = stalled;

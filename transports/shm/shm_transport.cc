@@ -98,6 +98,32 @@ Status ShmTransport::check_beating(int i, std::chrono::steady_clock::time_point 
                          options_.timeout_ms);
 }
 
+// Each peer's beat counter as the waiting thread last saw it, and since when at that value: a
+// stopped peer's stands still (its watcher beats also while it is in a call). Only in the slow
+// path of a wait, which sleeps next: nothing on a fast wait.
+void ShmTransport::note_beats(std::chrono::steady_clock::time_point now) {
+  if (options_.heartbeat_ms <= 0) return;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (static_cast<int>(i) == me_ || peers_[i].lines == nullptr) continue;
+    Peer& p = peers_[i];
+    const uint64_t count = p.lines->beat.value.load(std::memory_order_relaxed);
+    if (count != p.beat_heard || p.beat_heard_at == std::chrono::steady_clock::time_point{}) {
+      p.beat_heard = count;
+      p.beat_heard_at = now;
+    }
+  }
+}
+
+int64_t ShmTransport::silent_ms(int peer) {
+  const int i = local_of(peer);
+  if (i < 0 || i == me_ || options_.heartbeat_ms <= 0) return -1;
+  const Peer& p = peers_[static_cast<size_t>(i)];
+  if (p.lines == nullptr || p.beat_heard_at == std::chrono::steady_clock::time_point{}) return -1;
+  if (p.lines->beat.value.load(std::memory_order_relaxed) != p.beat_heard) return 0;  // it beat since
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - p.beat_heard_at)
+      .count();
+}
+
 int ShmTransport::local_of(int r) const {
   return r >= 0 && r < size() ? local_of_[static_cast<size_t>(r)] : -1;
 }

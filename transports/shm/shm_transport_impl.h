@@ -76,6 +76,10 @@ struct Peer {
   uint64_t beat_seen = 0;
   bool reported = false;  // its failure report was read (peer_errors) and kept
   std::chrono::steady_clock::time_point beat_seen_at{};
+  // The same for the thread that drives the transport, looked at in a wait's slow path (await:
+  // after the spinning, before each sleep), for the hang trace (silent_ms).
+  uint64_t beat_heard = 0;
+  std::chrono::steady_clock::time_point beat_heard_at{};
 };
 
 class ShmTransport final : public Transport, public LocalAccess {
@@ -100,6 +104,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   void wake() override;
   void notify_peers(const Status& failure, uint64_t order) override;
   void lost_peers(std::vector<int>* out) override;
+  int64_t silent_ms(int peer) override;  // the driving thread's, after a wait failed
   Status check_idle() override;
   void beat() override;
   void abort() override;
@@ -130,6 +135,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   // Whether peers may be read with process_vm_readv (agreed communicator-wide at setup).
   bool cma() const { return domain_->cma(); }
   int local_of(int rank) const;  // local index of a communicator rank, -1 if not local
+  void note_beats(std::chrono::steady_clock::time_point now);  // await's slow path: Peer::beat_heard
 
  private:
   // ---- waits (shm_transport.cc)
@@ -304,6 +310,7 @@ Status ShmTransport::await(uint64_t order, Step&& step, Slow&& slow, Charge&& ch
     }
 
     if (Status st = peer_errors(order); !st.ok()) return fail(st);
+    note_beats(now);
     const bool timed_out = now - last_move >= timeout;
     if (Status st = slow(timed_out); !st.ok()) return fail(st);
     if (timed_out) return fail(Timeout(me() + ": no progress for " + std::to_string(options_.timeout_ms) + " ms"));
