@@ -140,7 +140,11 @@ Status trace_hang(comm_t c, const Status& failure) {
     ~StayForReaders() {
       int64_t traced = 0, reported = 0;
       (void)store.add("traced", 1, &traced);
-      const bool serves = c->world_ranks.empty() ? c->rank == 0 : c->world_ranks[static_cast<size_t>(c->rank)] == 0;
+      // Only a store that dies with it: a file:// or external store outlives rank 0, which then
+      // need not stay (it held every rank's agreement after a SIGSTOP in the 4x2 chaos runs for its
+      // 2 s hold, waiting for reports from ranks that learn of the hang by a report and never trace).
+      const bool serves = c->job_store->dies_with_rank0() &&
+                          (c->world_ranks.empty() ? c->rank == 0 : c->world_ranks[static_cast<size_t>(c->rank)] == 0);
       if (!serves) return;
       const Deadline stay = Deadline::after_ms(grace_ms);
       while (!stay.expired() && !c->aborted.load(std::memory_order_acquire) &&
