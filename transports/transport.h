@@ -272,10 +272,11 @@ class Transport {
   // without comm_destroy's goodbye), also after it failed; never blocks, appends ascending.
   // comm_agree_failed publishes them as this rank's suspicions (libcomm/src/agree.cc).
   virtual void lost_peers(std::vector<int>* out) { (void)out; }
-  // The same without judging silence: a process gone, a connection closed. For a rank that waits
-  // in the agreement and looks again (libcomm/src/agree.cc, refresh_suspicions): no call reads
-  // the heartbeats then (a failed socket transport reads none), so a silence seen then proves
-  // nothing. The transports without a silence rule have nothing to leave out.
+  // The same without judging a silence that goes on now: a process gone, a connection closed, and
+  // (socket transport) a silence as of the transport's failure. For a rank that waits in the
+  // agreement on a communicator whose watcher stopped (libcomm/src/agree.cc, own_suspicions): no
+  // one reads the heartbeats then, so a silence seen then proves nothing. The transports without
+  // a silence rule have nothing to leave out.
   virtual void closed_peers(std::vector<int>* out) { lost_peers(out); }
   // How long this transport has heard nothing from `peer`, in ms (as of its failure, once it
   // failed); -1 when it cannot tell (no heartbeats, no connection). A live peer is heard every

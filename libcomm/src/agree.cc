@@ -51,12 +51,17 @@ Status parse_set(const std::string& text, int n, std::vector<int>* out) {
 
 // What this rank knows failed: the peers its transport saw gone, and the ranks its hang trace
 // found stalled (a stopped rank is a suspicion until the verdict fences it). A look again while
-// the rank waits in the agreement (again) leaves silence out: transports/transport.h, closed_peers.
+// the rank waits in the agreement (again) judges silence only while the communicator's watcher
+// still reads the heartbeats (neither broken nor aborted: watch.cc); once it stopped, a silence
+// proves nothing past the transport's failure (transports/transport.h, closed_peers). Judged on
+// closes only, the DDP wrapper's agreement, on a communicator that carries no calls, waited its
+// whole timeout for a SIGSTOPped rank whose silence its watcher had seen (chaos run 4).
 std::vector<int> own_suspicions(comm_t c, bool again = false) {
   std::vector<int> out;
   if (c->transport) {
     Driving driving(c);  // the watcher uses the transport only while no thread does
-    if (again)
+    const bool watched = !c->aborted.load(std::memory_order_acquire) && !c->is_broken.load(std::memory_order_acquire);
+    if (again && !watched)
       c->transport->closed_peers(&out);
     else
       c->transport->lost_peers(&out);

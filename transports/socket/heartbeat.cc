@@ -86,7 +86,9 @@ Status SocketTransport::check_idle() {
 // communicator that carries no calls (the DDP wrapper's, python/libcomm/fault_tolerance.py, agrees
 // on its own) has no hang trace, and without this its agreement waited one more timeout for a
 // SIGSTOPped rank that its heartbeats had already shown silent.
-// closed_peers (judge_silence false) leaves the silence out: transports/transport.h.
+// closed_peers (judge_silence false) leaves out the silence of a transport that has not failed
+// (transports/transport.h); a failed one judges it as of its failure, as lost_peers does: the
+// silence that failed it (the watcher's idle detection) was read while someone read.
 void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   Entry entry(*this);
   // A failed transport reads no heartbeats: a peer's silence counts until the failure only. Else
@@ -97,7 +99,7 @@ void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
     const Connection& c0 = conn(p, 0);
-    if (judge_silence && heartbeat_.count() != 0 && !c0.closed && c0.fd.valid() && !c0.said_goodbye && c0.state != RecvState::kStashed &&
+    if ((judge_silence || !failed_.ok()) && heartbeat_.count() != 0 && !c0.closed && c0.fd.valid() && !c0.said_goodbye && c0.state != RecvState::kStashed &&
         std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]).count() >=
             silence_limit_ms()) {
       out->push_back(p);
