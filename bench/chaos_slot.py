@@ -10,7 +10,8 @@ namespace, with the job's environment, RANK being the slot), and it keeps the sl
   COMM_JOIN=1 in the same namespace and environment; a process still alive (stopped) is
   SIGKILLed first, so that a slot never holds two processes; a replacement that dies before the
   members admitted it (job/slot/<slot>/joins, the admissions, still below the replacements
-  started) is started again, since no member can exclude it (comm-run does not do this yet);
+  started) is started again, since no member can exclude it; so is a process that no record named
+  within RECORD_WAIT_S of its exit (a joiner whose admission the members undid);
 - comm-run cannot do this here: it serves its store on 127.0.0.1 of its own namespace, which the
   netsim hosts cannot reach. The store is the job's file:// directory instead (it outlives every
   rank), read here as libcomm's file store writes it (libcomm/base/store/file_store.cc: one file
@@ -37,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "examples", "fault_tolerant_train.py")
 PY = "/usr/bin/python3"
 JOB_END_GRACE_S = 20.0
+RECORD_WAIT_S = 3.0  # as comm-run's kRecordWaitS (tools/comm-run/launcher.cc, restart_unadmitted)
 
 
 def read(path):
@@ -61,6 +63,7 @@ class Slot:
         self.replacements = 0          # as comm-run's replacements_: the generation it runs now
         self.seen = 0                  # exclusion records read
         self.job_end = None            # when this first saw the job end (a final line)
+        self.exited_at = None          # when the slot's process exited non-zero (no record yet)
         self.log = open(os.path.join(rundir, f"slot.{self.slot}"), "a", buffering=1)
 
     def note(self, what):
@@ -78,6 +81,7 @@ class Slot:
         with open(tmp, "w") as f:
             f.write(f"{self.proc.pid} {self.k}")
         os.rename(tmp, os.path.join(self.rundir, f"pid.{self.slot}"))
+        self.exited_at = None
         self.note(f"start {self.k} pid {self.proc.pid} join {int(join)}")
 
     def new_exclusions(self):
@@ -109,12 +113,18 @@ class Slot:
                 if code == 0:
                     return 0
                 self.proc = None
+                self.exited_at = time.monotonic()
                 admitted = int(read(key_file(self.store, f"job/slot/{self.slot}/joins")) or 0)
                 if self.k > 0 and admitted < self.replacements and self.job_end is None:
                     # A replacement that died before the members admitted it: no one will ever
                     # exclude it (it was never a member), so no record brings the next one.
                     self.note(f"restart: {self.k} died before it was admitted ({admitted} < {self.replacements})")
                     self.start(join=True)
+            if (self.proc is None and self.exited_at is not None and self.job_end is None and
+                    time.monotonic() - self.exited_at >= RECORD_WAIT_S):
+                self.note(f"restart: no record named {self.k} within {RECORD_WAIT_S:.0f} s of its exit")
+                self.replacements += 1
+                self.start(join=True)
             for slot, gen in self.new_exclusions():
                 if slot != self.slot or gen != self.replacements:
                     continue  # another slot's, or about a process this slot no longer runs

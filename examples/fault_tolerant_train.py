@@ -17,7 +17,8 @@ R being its rank at the end, N the committed steps: equal on every survivor, as 
 `[R] final loss E`, the loss on a fixed held-out batch (the same for every seed). With
 --log-every K each rank also prints `[R] step S loss L eval E ...` every K steps (L: this rank's
 batch; E: the held-out loss), `# [R] recovered at step S: ...` after each recovery (with `started
-T`, the monotonic clock when it began), `# [R] admitted ...` after each grow that admitted a
+T`, the monotonic clock when it began) and `# [R] recovery cause: ...` (the failure's first
+line), `# [R] admitted ...` after each grow that admitted a
 replacement, and a replacement `# [R] joined at step S ...` with the state it received.
 
 The task: a fixed linear teacher (the same for every seed) to learn, so that the loss falls and
@@ -148,6 +149,7 @@ def main(argv=None):
                     f"{time.monotonic() - t0:.3f} s, recovery "
                     f"{r.get('seconds', 0):.3f} s ({' '.join(f'{k} {v:.3f}' for k, v in r.get('parts', {}).items())}), "
                     f"{r.get('outcome')}")
+                say(f"# [{me}] recovery cause: {r.get('error')}")
             seen = len(ddp.recoveries)
             for j in ddp.joins[seen_joins:]:
                 if not j.get("joined"):

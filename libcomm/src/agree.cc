@@ -10,8 +10,14 @@
 // (it checked in too late: stopped, cut off) is excluded for good. Only a strict majority of the
 // communicator carries on. A decider that fails before its verdict costs its round: the others
 // start the next round, whose decider is again ticket 1 there.
+//
+// comm_agree (ULFM's MPIX_Comm_agree with its flag) is the same agreement carrying each rank's
+// flag, written before its ticket: the verdict also gives the AND of the kept ranks' flags, so
+// that ranks which saw one operation end differently (an admission some completed and others
+// failed: python/libcomm/fault_tolerance.py) take one decision.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <iterator>
 #include <mutex>
@@ -39,6 +45,9 @@ constexpr int kWhoMs = 1000;  // a checked-in rank names its ticket right after 
 // decider's wait, instead of costing COMM_TIMEOUT_MS (docs/design/core.md, "Agreeing on the
 // failed ranks").
 constexpr auto kRefresh = std::chrono::milliseconds(100);
+
+// The flags the ranks agree on (comm_agree): the bitwise AND over the ranks the verdict keeps.
+constexpr int kAllFlags = ~0;
 
 // A set of ranks of this communicator from the store ("[1,3]", rank_list.h): another rank wrote
 // it, so it is read strictly; sorted and without repeats, as the agreement compares sets.
@@ -88,14 +97,28 @@ bool refresh_suspicions(comm_t c, std::vector<int>* mine) {
 struct Verdict {
   bool quorum = false;
   std::vector<int> failed;  // quorum: the failed ranks; else the ranks that checked in
+  int flag = kAllFlags;     // quorum: the AND of the kept ranks' flags
 };
+
+constexpr char kFlagMark[] = " flag ";  // "OK [2] flag 1": the verdict's flag after the set
+
+// A checked-in rank's flag (written before its ticket, so it is there); one that cannot be read
+// counts as 0, so a flag of "all went well" never passes on a doubt.
+int read_flag(Store& store, int rank) {
+  std::string text;
+  if (!store.get("flag/" + std::to_string(rank), &text, Deadline::after_ms(kWhoMs)).ok()) return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  return end != text.c_str() && *end == '\0' ? static_cast<int>(value) : 0;
+}
 
 // Ticket 1: reads the check-ins in ticket order until every rank is in or suspected by a rank
 // that is, or the timeout passes; the rest failed. A checked-in rank may widen its suspicions
 // while it waits (refresh_suspicions), so the check-ins are read again every kRefresh, and so are
 // the decider's own.
-Status decide(comm_t c, Store& store, std::vector<int>* mine, std::string* verdict) {
+Status decide(comm_t c, Store& store, int my_flag, std::vector<int>* mine, std::string* verdict) {
   const int n = c->size;
+  int flag = my_flag;  // the AND over the ranks checked in (each wrote its flag before its ticket)
   std::vector<bool> in(static_cast<size_t>(n), false), suspected(static_cast<size_t>(n), false);
   in[static_cast<size_t>(c->rank)] = true;
   const Deadline deadline = Deadline::after_ms(c->settings.timeout_ms);
@@ -119,6 +142,7 @@ Status decide(comm_t c, Store& store, std::vector<int>* mine, std::string* verdi
       std::vector<int> r;  // one rank ("5"): a list of one
       if (!parse_set(who, n, &r).ok() || r.size() != 1 || in[static_cast<size_t>(r[0])]) continue;
       in[static_cast<size_t>(r[0])] = true;
+      flag &= read_flag(store, r[0]);
       checked_in.push_back(r[0]);
       read_in(r[0]);
     }
@@ -137,7 +161,8 @@ Status decide(comm_t c, Store& store, std::vector<int>* mine, std::string* verdi
   std::vector<int> alive, failed;
   for (int r = 0; r < n; ++r) (in[static_cast<size_t>(r)] ? alive : failed).push_back(r);
   const bool quorum = 2 * alive.size() > static_cast<size_t>(n);
-  *verdict = (quorum ? "OK " : "NOQUORUM ") + rank_list_bracketed(quorum ? failed : alive);
+  *verdict = quorum ? "OK " + rank_list_bracketed(failed) + kFlagMark + std::to_string(flag)
+                    : "NOQUORUM " + rank_list_bracketed(alive);
   // For the launcher (comm-run --replace-failed), before the verdict: it replaces the excluded.
   if (quorum && !failed.empty()) grow::record_exclusions(c, failed);
   return store.set("verdict", *verdict);
@@ -182,23 +207,32 @@ class Refresher {
   std::thread thread_;  // last: it starts once the members above exist
 };
 
-// "OK [failed]" or "NOQUORUM [checked in]", as decide() writes it.
+// "OK [failed] flag F" or "NOQUORUM [checked in]", as decide() writes it.
 Status parse_verdict(const std::string& text, int n, Verdict* v) {
   const std::string ok = "OK ", no_quorum = "NOQUORUM ";
   v->quorum = text.rfind(ok, 0) == 0;
   if (!v->quorum && text.rfind(no_quorum, 0) != 0)
     return InvalidArgument("malformed verdict \"" + text + "\": it starts with neither \"OK \" nor \"NOQUORUM \"");
-  return parse_set(text.substr((v->quorum ? ok : no_quorum).size()), n, &v->failed);
+  if (!v->quorum) return parse_set(text.substr(no_quorum.size()), n, &v->failed);
+  const size_t mark = text.find(kFlagMark);
+  if (mark == std::string::npos) return InvalidArgument("malformed verdict \"" + text + "\": no flag");
+  const std::string flag = text.substr(mark + sizeof(kFlagMark) - 1);
+  char* end = nullptr;
+  v->flag = static_cast<int>(std::strtol(flag.c_str(), &end, 10));
+  if (flag.empty() || *end != '\0') return InvalidArgument("malformed verdict \"" + text + "\": bad flag");
+  return parse_set(text.substr(ok.size(), mark - ok.size()), n, &v->failed);
 }
 
 }  // namespace
 
-Status agree_failed(comm_t c, std::vector<int>* failed) {
-  const std::string where = "rank " + std::to_string(c->rank) + ", comm " + c->id + ": comm_agree_failed: ";
+Status agree_failed(comm_t c, std::vector<int>* failed, int* flag) {
+  const char* call = flag ? "comm_agree" : "comm_agree_failed";
+  const std::string where = "rank " + std::to_string(c->rank) + ", comm " + c->id + ": " + call + ": ";
   failed->clear();
   if (c->shrunk)
     return InvalidUsage(where + "comm_shrink was already called on this communicator; agree on the one it made");
   if (c->size == 1) return Status::Ok();
+  const int my_flag = flag ? *flag : kAllFlags;
   const int n = c->size;
   const std::string base = "comm/" + c->id + "/agree" + std::to_string(++c->agreements);
   std::vector<int> mine = own_suspicions(c);  // widened while this rank waits (refresh_suspicions)
@@ -216,8 +250,9 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
   };
   for (int round = 0; round < kRounds; ++round) {
     std::shared_ptr<Store> store = make_prefix_store(c->job_store, base + "/r" + std::to_string(round));
-    Status st =
-        store->set("in/" + std::to_string(c->rank), rank_list_bracketed(mine), Deadline::after_ms(timeout_ms));
+    Status st = store->set("flag/" + std::to_string(c->rank), std::to_string(my_flag), Deadline::after_ms(timeout_ms));
+    if (st.ok())
+      st = store->set("in/" + std::to_string(c->rank), rank_list_bracketed(mine), Deadline::after_ms(timeout_ms));
     int64_t ticket = 0;
     if (st.ok()) st = store->add("tickets", 1, &ticket);
     if (st.ok()) st = store->set("who/" + std::to_string(ticket), std::to_string(c->rank), Deadline::after_ms(timeout_ms));
@@ -226,7 +261,7 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
     if (ticket == 1) {
       COMM_INFO(kInit, "comm %s rank %d: comm_agree_failed decides round %d (its suspicions: %s)", c->id.c_str(),
                 c->rank, round, rank_list_bracketed(mine).c_str());
-      st = decide(c, *store, &mine, &text);
+      st = decide(c, *store, my_flag, &mine, &text);
       if (!st.ok()) return unreachable(st);
     } else {
       // Blocks on the verdict as before (it comes the moment the decider writes it, also from a
@@ -274,6 +309,7 @@ Status agree_failed(comm_t c, std::vector<int>* failed) {
                          "both go on");
     }
     *failed = v.failed;
+    if (flag) *flag = v.flag;
     return Status::Ok();
   }
   return Timeout(where + "no decider published a verdict in " + std::to_string(kRounds) + " rounds of " +

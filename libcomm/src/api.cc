@@ -157,19 +157,33 @@ COMM_API comm_status_t comm_shrink(comm_t c, const int* exclude_ranks, int n_exc
   });
 }
 
-COMM_API comm_status_t comm_agree_failed(comm_t c, int* failed, int capacity, int* n_failed) {
-  return comm::guarded("comm_agree_failed", [&]() -> Status {
+namespace {
+// comm_agree_failed and comm_agree (flag non-NULL): the arguments checked, the set copied out.
+comm_status_t agree_call(const char* call, comm_t c, int* flag, int* failed, int capacity, int* n_failed) {
+  return comm::guarded(call, [&]() -> Status {
+    const std::string name = call;
     if (c == nullptr || n_failed == nullptr)
-      return comm::InvalidArgument("comm_agree_failed: NULL communicator or n_failed pointer");
+      return comm::InvalidArgument(name + ": NULL communicator or n_failed pointer");
     if (capacity < 0 || (capacity > 0 && failed == nullptr))
-      return comm::InvalidArgument("comm_agree_failed: capacity " + std::to_string(capacity) +
+      return comm::InvalidArgument(name + ": capacity " + std::to_string(capacity) +
                                    " needs a failed array of that many ints (NULL only with 0)");
     std::vector<int> agreed;
-    COMM_RETURN_IF_ERROR(comm::agree_failed(c, &agreed));
+    COMM_RETURN_IF_ERROR(comm::agree_failed(c, &agreed, flag));
     *n_failed = static_cast<int>(agreed.size());
     for (int i = 0; i < capacity && i < *n_failed; ++i) failed[i] = agreed[static_cast<size_t>(i)];
     return Status::Ok();
   });
+}
+}  // namespace
+
+COMM_API comm_status_t comm_agree_failed(comm_t c, int* failed, int capacity, int* n_failed) {
+  return agree_call("comm_agree_failed", c, nullptr, failed, capacity, n_failed);
+}
+
+COMM_API comm_status_t comm_agree(comm_t c, int* flag, int* failed, int capacity, int* n_failed) {
+  if (flag == nullptr)
+    return comm::guarded("comm_agree", [] { return comm::InvalidArgument("comm_agree: NULL flag pointer"); });
+  return agree_call("comm_agree", c, flag, failed, capacity, n_failed);
 }
 
 COMM_API comm_status_t comm_grow(comm_t c, int n_join, comm_t* out) {

@@ -190,7 +190,7 @@ void announce_once();
 // comm_shrink: the survivors of `comm` (every rank not in `excluded`) make *out without touching
 // comm's transport (shrink.cc).
 // comm_agree_failed: the ranks of `comm` still alive agree on the failed ones (agree.cc).
-Status agree_failed(comm_t comm, std::vector<int>* failed);
+Status agree_failed(comm_t comm, std::vector<int>* failed, int* flag = nullptr);  // flag: comm_agree's
 Status shrink_communicator(comm_t comm, const std::vector<int>& excluded, comm_t* out);
 // 32 random bytes as hex: a job's (or a shrunk communicator's) secret.
 Status random_secret(std::string* out);

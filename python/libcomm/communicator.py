@@ -163,6 +163,18 @@ class Communicator:
               f"comm_agree_failed (rank {self.rank})")
         return [failed[i] for i in range(min(n.value, self.size))]
 
+    def agree(self, flag):
+        """agree_failed that also agrees on a flag (comm_agree, ULFM's MPIX_Comm_agree): returns
+        (the bitwise AND of the flags of the ranks still alive, the failed ranks), the same on
+        every survivor. One decision where ranks saw an operation end differently: each passes 1
+        when it completed it."""
+        value = ctypes.c_int(int(flag))
+        failed = (ctypes.c_int * self.size)()
+        n = ctypes.c_int(0)
+        check(lib.comm_agree(self._live(), ctypes.byref(value), failed, self.size, ctypes.byref(n)),
+              f"comm_agree (rank {self.rank})")
+        return value.value, [failed[i] for i in range(min(n.value, self.size))]
+
     def shrink(self, exclude=None):
         """ncclCommShrink: the ranks not in `exclude` (every one of them passing the same list)
         make a new communicator, renumbered densely in their old order. Works on a communicator

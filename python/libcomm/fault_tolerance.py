@@ -240,9 +240,10 @@ class FaultTolerance:
         lap("shrink")
         return failed
 
-    def _agree(self, old):
+    def _agree(self, old, flag=None):
+        """old.agree_failed(); with a flag, old.agree(flag): (the AND of the flags, the failed)."""
         try:
-            return old.agree_failed()
+            return old.agree_failed() if flag is None else old.agree(flag)
         except errors.RemoteError as e:
             raise FaultToleranceError(
                 self._where() + "the other ranks agreed that this rank failed (it was stopped, cut "
@@ -386,18 +387,33 @@ class FaultTolerance:
         self._teardown(abort=False)
         old, owned = ddp._user_comm, ddp._owns_comm
         ddp._user_comm, ddp._owns_comm = new, True
+        failure = None
         try:
             self._as_at_wrap()
             repaired, sent = self._exchange_state()
         except errors.CommError as e:
-            if recoverable(e):
-                # A member failed during the admission (chaos run 6). The joiners have not taken
-                # the state yet (a joiner that cannot finish stops), so the grown communicator
-                # would leave the survivors no majority to agree in (two members of four): the
-                # admission is undone, and the failure, the next step's, is recovered from on
-                # the communicator of before, whose members are all alive but the failed.
-                self._undo_grow(old, owned, new)
-            raise
+            if not recoverable(e):
+                raise
+            failure = e
+        # A failure during the admission (a member or a joiner died) can fail it on some members
+        # and not on others (docs/design/core.md, "Which calls a failure fails"): in chaos run 5 a
+        # member died during the exchange, rank 0 undid the admission, ranks 1 and 3 went on with
+        # the grown communicator, and neither side held a majority. So the members take one
+        # decision, on the communicator of before (members only: a joiner's death cannot take the
+        # majority away): the admission stands only when every live member completed it and no
+        # member failed. Else every member undoes it, and the failure, the next step's, is
+        # recovered from on the communicator of before. A joiner whose admission is undone fails
+        # its next collective and stops (it could not hold a majority alone); the launcher starts
+        # another (tools/comm-run/launcher.cc, restart_unadmitted).
+        completed, failed = self._agree(old, flag=int(failure is None))
+        if completed != 1 or failed:
+            self._undo_grow(old, owned, new)
+            if failure is None:
+                failure = errors.RemoteError(
+                    self._where() + "the members undid this admission: " +
+                    (f"members {failed} of the communicator before it failed" if failed else
+                     "another member's failed") + " (it completed here)", errors.REMOTE)
+            raise failure
         try:
             old.destroy()
         except errors.CommError:

@@ -227,6 +227,43 @@ TEST_CASE("ABI 1.8: comm_agree_failed and COMM_SHRINK_AGREE: bad input is refuse
   }
 }
 
+TEST_CASE("ABI 1.10: comm_agree: bad input is refused; every rank gets the bitwise AND of the flags, and "
+          "one rank's 0 makes it 0 on every rank", "[lifecycle]") {
+  STATIC_REQUIRE(COMM_ABI_VERSION_MINOR >= 10);
+  int flag = 1, n_failed = -1;
+  CHECK(comm_agree(nullptr, &flag, nullptr, 0, &n_failed) == COMM_ERR_INVALID_ARGUMENT);
+  const int n = 3;
+  Ranks ranks = init_ranks(n, "agree-flag", 20000);
+  REQUIRE(ranks.all_ok());
+  CHECK(comm_agree(ranks.comms[0], nullptr, nullptr, 0, &n_failed) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_agree(ranks.comms[0], &flag, nullptr, 0, nullptr) == COMM_ERR_INVALID_ARGUMENT);
+  struct Seen {
+    comm_status_t first = COMM_ERR_INTERNAL, second = COMM_ERR_INTERNAL;
+    int flag_first = -1, flag_second = -1, n_failed = -1;
+    std::string message;
+  };
+  auto seen = on_ranks(n, [&](int r) {
+    Seen s;
+    comm_t c = ranks.comms[static_cast<size_t>(r)];
+    s.flag_first = r == 0 ? 7 : 5 | (1 << (r + 2));  // 0b111, 0b1101, 0b10101: AND 0b101
+    s.first = comm_agree(c, &s.flag_first, nullptr, 0, &s.n_failed);
+    s.flag_second = r == 1 ? 0 : 1;  // one rank's admission failed: none goes on with it
+    if (s.first == COMM_OK) s.second = comm_agree(c, &s.flag_second, nullptr, 0, &s.n_failed);
+    if (s.second != COMM_OK) s.message = comm_last_error(c);
+    comm_destroy(c);
+    return s;
+  });
+  for (int r = 0; r < n; ++r) {
+    const Seen& s = seen[static_cast<size_t>(r)];
+    INFO("rank " << r << ": " << s.message);
+    CHECK(s.first == COMM_OK);
+    CHECK(s.flag_first == 5);
+    CHECK(s.second == COMM_OK);
+    CHECK(s.flag_second == 0);
+    CHECK(s.n_failed == 0);
+  }
+}
+
 TEST_CASE("ABI 1.9: comm_grow: bad input is refused; with nobody waiting COMM_GROW_WAITING gives NULL, and waiting "
           "for a joiner that never comes times out leaving the communicator usable", "[lifecycle]") {
   STATIC_REQUIRE(COMM_ABI_VERSION_MINOR >= 9);

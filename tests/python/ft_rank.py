@@ -10,7 +10,9 @@ when a joiner is admitted, one parameter and one momentum buffer change after th
 sent again as at wrap time (what the sha256 check is for: a replica that diverged); `always`: also
 after the repair's broadcast, so the repair cannot fix it. FT_KILL_AT_JOIN=R: the member that starts
 as R SIGKILLs itself when a grow admitting a joiner has returned, before the first collective on the
-grown communicator (a member lost during the admission at the step boundary)."""
+grown communicator (a member lost during the admission at the step boundary). FT_SPLIT_AT_JOIN=R:
+the member that starts as R fails its admission after it completed the state exchange (as a member
+whose exchange's last message a death overtook, while the others completed theirs: chaos run 5)."""
 
 import json
 import os
@@ -103,6 +105,24 @@ def kill_at_join(rank):
     FaultTolerance._as_at_wrap = as_at_wrap
 
 
+def split_at_join(rank):
+    """FT_SPLIT_AT_JOIN: this member's admission fails after its state exchange completed."""
+    if int(os.environ["RANK"]) != rank or os.environ.get("COMM_JOIN") == "1":
+        return
+    original = FaultTolerance._exchange_state
+
+    def exchange_state(self):
+        out = original(self)
+        if not self.skip_grow and not getattr(self, "_split_done", False):  # a member's, once
+            self._split_done = True
+            print(f"# [{rank}] test fault: admission failed here after the exchange, as rank "
+                  f"{self.ddp._user_comm.rank} of {self.ddp._user_comm.size}", flush=True)
+            raise errors.RemoteError("test fault: this member's admission failed after its exchange",
+                                     errors.REMOTE)
+        return out
+    FaultTolerance._exchange_state = exchange_state
+
+
 def refusals():
     import torch
     from libcomm.comm_hooks import PowerSGDState, allreduce_hook, powerSGD_hook
@@ -152,6 +172,8 @@ if __name__ == "__main__":
         corrupt_at_join(int(r), how)
     if os.environ.get("FT_KILL_AT_JOIN"):
         kill_at_join(int(os.environ["FT_KILL_AT_JOIN"]))
+    if os.environ.get("FT_SPLIT_AT_JOIN"):
+        split_at_join(int(os.environ["FT_SPLIT_AT_JOIN"]))
     if os.environ.get("FT_DDP_KW") or os.environ.get("FT_HOOK"):
         from libcomm import comm_hooks, torch_ddp
         plain, kw = torch_ddp.DistributedDataParallel, json.loads(os.environ.get("FT_DDP_KW") or "{}")

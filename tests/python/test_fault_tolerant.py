@@ -26,6 +26,12 @@ ranks again). Skipped (77) while comm_grow is not implemented.
 kill-during-join: the join over sockets, but member 3 is SIGKILLed during the admission (after the
 grow returned, ft_rank.py's FT_KILL_AT_JOIN); ranks 0 and 1 recover, redo the step and end equal.
 
+split-at-join: the join over sockets, but member 0's admission fails after its state exchange
+completed, while members 1 and 3 completed theirs (ft_rank.py's FT_SPLIT_AT_JOIN; chaos run 5,
+where rank 0 undid the admission and the others went on with it, and neither side held a majority):
+the members' agreement on the admission undoes it on all three, which recover on the communicator
+of before and end equal; the abandoned replacement stops.
+
 refuse: 2 ranks; overlap_forward, a comm hook with state (PowerSGD), join() and a forward after
 an uncommitted step are refused with fault_tolerant=True (ft_rank.py's FT_REFUSE).
 
@@ -35,7 +41,8 @@ repair once|always: join over sockets, but rank 1's state diverges just before t
 check (ft_rank.py's FT_CORRUPT); once: repaired from rank 0, every process warns naming rank 1, all
 end bitwise equal; always: the repair cannot fix it, every process stops naming rank 1, no loop.
 
-usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | join auto|socket | kill-during-join | refuse |
+usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | join auto|socket | kill-during-join |
+split-at-join | refuse |
 repair once|always"""
 
 import json
@@ -295,6 +302,27 @@ def kill_during_join_test():
     check(codes, lines, [0, 1], 30, 2)
 
 
+def split_at_join_test():
+    """split-at-join (the module docstring): members 0, 1 and 3 end with the same 30 steps and
+    parameters; 1 and 3, whose admission completed, say the members undid it; the replacement,
+    abandoned, stops (its exit is not 0)."""
+    codes, lines = join_run("socket", {"FT_SPLIT_AT_JOIN": "0"}, ["--max-steps", "30"])
+    bad = []
+    if not any("test fault: admission failed here after the exchange" in line for line in lines[0]):
+        bad.append("member 0 never failed an admission")
+    for r in (1, 3):
+        if not any("the members undid this admission" in line for line in lines[r]):
+            bad.append(f"member {r} never said the members undid the admission it completed")
+    if len(codes) > 4 and codes[4] == 0:
+        bad.append("the abandoned replacement exited 0")
+    if bad:
+        for r, ls in enumerate(lines):
+            print(f"---- process {r} (exit {codes[r]}) ----")
+            print("\n".join(ls[-int(os.environ.get("FT_SHOW", "60")):]))
+        sys.exit("FAIL: " + "; ".join(bad))
+    check(codes, lines, [0, 1, 3], 30, 2)
+
+
 def refuse_test():
     procs = start(2, "auto", [], {"FT_REFUSE": "1"})
     codes, lines = collect(procs)
@@ -316,6 +344,8 @@ def main():
         join_test(sys.argv[2])
     elif what == "kill-during-join":
         kill_during_join_test()
+    elif what == "split-at-join":
+        split_at_join_test()
     elif what == "refuse":
         refuse_test()
     elif what == "repair":

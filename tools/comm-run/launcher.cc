@@ -204,13 +204,32 @@ void Launcher::supervise(int sfd, double deadline) {
 
 void Launcher::restart_unadmitted() {
   constexpr int kMaxRestarts = 3;  // a replacement that cannot start at all must not loop forever
-  if (rank_finished_) return;
+  // A member's exclusion comes within the agreement (about a second after a death; a timeout
+  // when another rank is stopped meanwhile). A process that exited and that no record named by
+  // then was never excluded: a joiner whose admission the members undid when one of them failed
+  // during it (python/libcomm/fault_tolerance.py, _grow) stops on its own, and the slot would
+  // stay empty. Replacing it after this wait is safe even if a record comes later: a record
+  // names the generation of the slot's last admission, and the replacement started now is
+  // admitted only at a step boundary after that agreement (grow_records.cc).
+  constexpr double kRecordWaitS = 3.0;
+  if (rank_finished_ || running_ == 0) return;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     Rank& r = ranks_[i];
-    if (r.running || replacements_[i] == 0 || restarts_[i] > kMaxRestarts || !failed(r.wait_status)) continue;
+    if (r.running || restarts_[i] > kMaxRestarts || !failed(r.wait_status)) continue;
     const int64_t admitted = store_.admitted(static_cast<int>(i));
-    if (admitted < 0 || admitted >= replacements_[i]) {
-      restarts_[i] = 0;  // a member when it died: its exclusion brings the next one
+    if (admitted < 0) continue;
+    if (admitted >= replacements_[i]) {
+      // A member when it died: its exclusion brings the next one, or it never comes.
+      restarts_[i] = 0;
+      if (now_s() - r.exited_at < kRecordWaitS) continue;
+      for (Stream* st : {&r.out, &r.err}) st->drain(r.prefix);
+      ++replacements_[i];
+      std::fprintf(stderr, "comm-run: rank %zu %s and no exclusion named it within %.0f s (an admission the "
+                   "others undid): starting its replacement #%lld with COMM_JOIN=1\n", i,
+                   describe_status(r.wait_status).c_str(), kRecordWaitS, static_cast<long long>(replacements_[i]));
+      if (!start(static_cast<int>(i), rank_environment(opt_, static_cast<int>(i), port_, run_id_, /*join=*/true),
+                 allowed_cpus(), child_mask_))
+        std::fprintf(stderr, "comm-run: rank %zu: its replacement could not be started\n", i);
       continue;
     }
     if (++restarts_[i] > kMaxRestarts) {
@@ -310,6 +329,7 @@ void Launcher::reap() {
       if (r.pid != pid || !r.running) continue;
       r.running = false;
       r.wait_status = status;
+      r.exited_at = now_s();
       --running_;
       if (!failed(status)) rank_finished_ = true;
       bool stopping = first_failure_ >= 0 || start_failed_ || interrupted_by_ != 0 || timed_out_;

@@ -22,6 +22,7 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int wait_status = 0;
+  double exited_at = 0;  // now_s() when reaped
   bool signalled_by_us = false;
   std::string prefix;
   Stream out, err;
@@ -57,7 +58,8 @@ class Launcher {
   void replace_excluded();
   // --replace-failed: a replacement that died before the members admitted it (the store's count
   // of admissions into its slot is below the replacements started) is started again: it was never
-  // a member, so no exclusion will ever name it and the slot would stay empty.
+  // a member, so no exclusion will ever name it and the slot would stay empty. So is a process
+  // that no exclusion named within a few seconds of its exit (an admission the members undid).
   void restart_unadmitted();
 
   // Ending.

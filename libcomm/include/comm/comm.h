@@ -23,12 +23,13 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 9 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+#define COMM_ABI_VERSION_MINOR 10 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
                                     comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2;
                                     4: comm_shrink; 5: comm_engine_test; 6: comm_barrier_monitored;
                                     7: COMM_ANY_SOURCE, comm_recv_any, comm_irecv_any;
                                     8: comm_agree_failed, COMM_SHRINK_AGREE;
-                                    9: comm_grow, COMM_GROW_WAITING, joining with COMM_JOIN=1 */
+                                    9: comm_grow, COMM_GROW_WAITING, joining with COMM_JOIN=1;
+                                    10: comm_agree */
 
 typedef enum {
   COMM_OK = 0,
@@ -137,6 +138,13 @@ COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_
  * Bounded by about twice the timeout per failure during it. docs/design/core.md, "Agreeing on the
  * failed ranks". */
 COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity, int* n_failed);
+/* Since ABI 1.10 (ULFM's MPIX_Comm_agree): comm_agree_failed that also agrees on a flag. Each
+ * live rank passes its *flag; on success *flag is the bitwise AND of the flags of the ranks the
+ * verdict keeps, the same on every one of them, with the failed ranks as comm_agree_failed gives
+ * them (errors as there). For one decision on an operation that ranks saw end differently (some
+ * completed it, others failed it): each passes 1 when it completed, and all undo it unless the
+ * result is 1 with no rank failed. */
+COMM_API comm_status_t comm_agree(comm_t comm, int* flag, int* failed, int capacity, int* n_failed);
 /* comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &new_comm): the failed ranks left to the library
  * (comm_agree_failed, then comm_shrink with its set). Since ABI 1.8. */
 #define COMM_SHRINK_AGREE (-1)
