@@ -23,8 +23,9 @@ replacement, and a replacement `# [R] joined at step S ...` with the state it re
 
 The task: a fixed linear teacher (the same for every seed) to learn, so that the loss falls and
 runs with different seeds make a band. A rank's batch is a function of (seed, step, slot), the
-slot being the launcher's RANK, which a replacement inherits: with replacements the job sees the
-batches of a failure-free run (but for the steps trained short-handed). --kill-rank R --kill-step S makes rank R
+slot being the launcher's RANK, which a replacement inherits; while a slot is empty the members
+train on its batches too (ddp.slots), so the job sees the batches of a failure-free run but for
+the steps a failure interrupted (redone without the lost rank's batch). --kill-rank R --kill-step S makes rank R
 SIGKILL itself at the start of step S (for a quick look without a test driver).
 """
 
@@ -120,7 +121,15 @@ def main(argv=None):
         say(f"# [{me}] joined at step {ddp.committed_steps}, {ddp.comm.size} ranks, slot {slot}, state "
             f"{j.get('seconds', 0):.3f} s, {j.get('bytes', 0)} bytes + parameters {param_bytes} bytes, "
             f"at {time.monotonic():.3f}")
-    seen, seen_joins = 0, len(ddp.joins)
+    world = int(os.environ.get("WORLD_SIZE", comm.size))  # the slots of a whole job
+
+    def my_slots(members):
+        """This process's slot, then the empty slots it takes over: the i-th empty one goes to
+        the member i (mod their number), in the members' order, which every member sees alike."""
+        empty = [s for s in range(world) if s not in members]
+        at = members.index(slot)
+        return [slot] + [s for i, s in enumerate(empty) if i % len(members) == at]
+    seen, seen_joins, shown_slots = 0, len(ddp.joins), None
     try:
         def more():  # the same answer on every member, the joiner's too: all checked after ddp.step()
             done = ddp.committed_steps
@@ -134,12 +143,25 @@ def main(argv=None):
             t0 = time.monotonic()
             if step == args.kill_step and me == args.kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
-            # The batch is a function of (seed, step, slot): a redone step uses the same.
-            g = torch.Generator().manual_seed(args.seed * 1000003 + sampler.position * 1009 + slot)
-            x = torch.randn(args.batch, args.width, generator=g)
-            y = x @ teacher + 0.1 * torch.randn(args.batch, 16, generator=g)
+            # The batch is a function of (seed, step, slot): a redone step uses the same. While a
+            # slot is empty, the members also train on its batches (ddp.slots), so that the step's
+            # gradient is still the mean over the whole global batch.
+            if ddp.slots != shown_slots:
+                shown_slots = ddp.slots
+                say(f"# [{me}] slots {shown_slots}, training on {my_slots(shown_slots)}")
+            mine = my_slots(ddp.slots)
+            xs, ys = [], []
+            for s in mine:
+                g = torch.Generator().manual_seed(args.seed * 1000003 + sampler.position * 1009 + s)
+                xs.append(torch.randn(args.batch, args.width, generator=g))
+                ys.append(xs[-1] @ teacher + 0.1 * torch.randn(args.batch, 16, generator=g))
+            x, y = (xs[0], ys[0]) if len(mine) == 1 else (torch.cat(xs), torch.cat(ys))
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(ddp(x), y)
+            if len(ddp.slots) < world:
+                # The all-reduce averages over the members: weighted so that the sum is the mean
+                # over the world's batches (a whole job's loss is left as it was, bit for bit).
+                loss = loss * (len(mine) * len(ddp.slots) / world)
             loss.backward()  # a failed all-reduce is recorded here, not raised
             ddp.step(opt, sched)  # the commit vote; after a failure, agree, shrink, redo
             sampler.position += 1

@@ -30,6 +30,7 @@ forward), join(), and comm hooks with state (PowerSGD's error feedback is per ra
 updated by the failed attempt).
 """
 
+import os
 import time
 import warnings
 
@@ -72,6 +73,12 @@ class FaultTolerance:
         self.joining = False       # this process joined (COMM_JOIN=1): state still to receive
         self.skip_grow = False     # a joiner's first boundary: the members' grow admitted it
         self.at_boundary = True    # no forward since the last commit (no_sync ones included)
+        # The launcher slot of this process (RANK, which a replacement inherits), and every
+        # member's in rank order (`slots`, the same on every member): a training loop can give
+        # the batches of the slots missing now to the members, so that the global batch stays
+        # whole while the job is short-handed (examples/fault_tolerant_train.py).
+        self.slot = int(os.environ.get("RANK", ddp._user_comm.rank))
+        self.slots = [self.slot]
         self.connect_all()
 
     def connect_all(self):
@@ -79,10 +86,14 @@ class FaultTolerance:
         rank learns a SIGKILLed peer's death fastest from its own connection to it closing
         (docs/design/core.md, "Agreeing on the failed ranks"); the socket transport connects a pair on
         first use (transports/socket/mesh.h), so one tiny all-to-all connects every pair now.
-        Without it the decider waits COMM_TIMEOUT_MS for a dead rank on another host."""
+        Without it the decider waits COMM_TIMEOUT_MS for a dead rank on another host. It carries
+        each member's slot: every membership change (wrap, recovery, admission) runs it."""
         comm = self.ddp._user_comm
         if comm.size > 1:
-            comm.alltoall(np.zeros(comm.size, np.int32))
+            got = comm.alltoall(np.full(comm.size, self.slot, np.int32))
+            self.slots = [int(x) for x in got]
+        else:
+            self.slots = [self.slot]
 
     # ---- the normal step: collectives guarded, local gradients kept ----
     def guard(self, fn, *args):
@@ -385,7 +396,7 @@ class FaultTolerance:
             return
         start = time.monotonic()
         self._teardown(abort=False)
-        old, owned = ddp._user_comm, ddp._owns_comm
+        old, owned, old_slots = ddp._user_comm, ddp._owns_comm, self.slots
         ddp._user_comm, ddp._owns_comm = new, True
         failure = None
         try:
@@ -408,6 +419,7 @@ class FaultTolerance:
         completed, failed = self._agree(old, flag=int(failure is None))
         if completed != 1 or failed:
             self._undo_grow(old, owned, new)
+            self.slots = old_slots
             if failure is None:
                 failure = errors.RemoteError(
                     self._where() + "the members undid this admission: " +

@@ -499,6 +499,13 @@ class DistributedDataParallel(torch.nn.Module):
         return None if self._ft is None else self._ft.step
 
     @property
+    def slots(self):
+        """fault_tolerant: the launcher slot (RANK) of every member, in rank order, the same on
+        every member; a replacement has its slot's. The slots missing from it are the ranks lost
+        and not yet replaced: a loop can train on their batches too (examples/fault_tolerant_train.py)."""
+        return None if self._ft is None else list(self._ft.slots)
+
+    @property
     def joins(self):
         """fault_tolerant: one dict per admission of joiners (step, size, seconds, repaired: the ranks
         whose state differed from rank 0's and was taken from it again; joined=True on the joiner's

@@ -228,6 +228,12 @@ def join_test(transport):
     losses = {line.split()[-1] for ls in lines for line in ls if " final loss " in line}
     if len(losses) != 1:
         sys.exit(f"FAIL: the final held-out losses differ: {losses}")
+    # ddp.slots: while slot 2 is empty, its batches go to the first member; then the replacement's.
+    slots = [[line.split(" slots ", 1)[1] for line in lines[r] if " slots [" in line] for r in range(5)]
+    short, whole = "[0, 1, 3], training on [0, 2]", "[0, 1, 3, 2], training on [0]"
+    if short not in slots[0] or not slots[0] or not slots[0][-1].startswith("[0, 1, 3, 2]") or \
+            slots[4] != ["[0, 1, 3, 2], training on [2]"] or whole not in slots[0]:
+        sys.exit(f"FAIL: the members' slots (ddp.slots) were not followed: {slots}")
 
 
 def repair_test(how):
