@@ -41,8 +41,7 @@ Waiting look_at(comm_t c, Store& store, int64_t t) {
   if (first) return Waiting::kUndecided;
   if (it->second.first != value) return Waiting::kAlive;
   if (now - it->second.second < std::chrono::milliseconds(kHelloMs)) return Waiting::kUndecided;
-  int64_t ignored = 0;
-  (void)store.add(gone_key(t), 1, &ignored);
+  withdraw(store, t);
   COMM_INFO(kInit, "rank %d, comm %s: comm_grow: the joiner of ticket %lld gave no sign of life for %d ms while it "
             "waited: withdrawn", c->rank, c->id.c_str(), static_cast<long long>(t), kHelloMs);
   return Waiting::kGone;

@@ -82,6 +82,8 @@ void record_failed_joiners(Store& store, const std::string& payload);
 // Whether the joiner of `ticket` gave up waiting (join.cc marks it), or was found dead before it
 // was claimed (grow.cc): a grow leaves it out.
 bool withdrawn(Store& store, int64_t ticket);
+// Marks `ticket` withdrawn (best effort: a mark lost leaves the ticket to the liveness look).
+void withdraw(Store& store, int64_t ticket);
 
 // The joiner's comm_init (COMM_JOIN=1): join.cc.
 Status join_communicator(const comm_config_t& cfg, comm_t* out);

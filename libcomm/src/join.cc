@@ -37,8 +37,7 @@ void withdraw_earlier_tickets(Store& store, int slot) {
     Hello h;
     if (!store.get(hello_key(t), &text, Deadline::after_ms(100)).ok() || !decode_hello(text, &h) || h.slot != slot)
       continue;
-    int64_t ignored = 0;
-    (void)store.add(gone_key(t), 1, &ignored);
+    withdraw(store, t);
     COMM_INFO(kInit, "joiner (slot %d): withdrew ticket %lld of an earlier process of its slot (it is gone)", slot,
               static_cast<long long>(t));
   }
@@ -49,6 +48,11 @@ void withdraw_earlier_tickets(Store& store, int slot) {
 bool withdrawn(Store& store, int64_t ticket) {
   int64_t gone = 0;
   return store.add(gone_key(ticket), 0, &gone).ok() && gone > 0;
+}
+
+void withdraw(Store& store, int64_t ticket) {
+  int64_t ignored = 0;
+  (void)store.add(gone_key(ticket), 1, &ignored);
 }
 
 Status join_communicator(const comm_config_t& cfg_in, comm_t* out) {
@@ -103,8 +107,7 @@ Status join_communicator(const comm_config_t& cfg_in, comm_t* out) {
       st = store->get(answer_key(ticket), &text, deadline);
     }
     if (!st.ok()) {
-      int64_t ignored = 0;
-      (void)store->add(gone_key(ticket), 1, &ignored);  // a grow that claims it later leaves it out
+      withdraw(*store, ticket);  // a grow that claims it later leaves it out
       if (st.code() != COMM_ERR_TIMEOUT)
         return Unavailable(where + "the job's store stopped answering (" + st.message() + "); " + store_fix());
       return Timeout(where + "no comm_grow admitted this process within " + std::to_string(settings.timeout_ms) +
