@@ -313,8 +313,9 @@ class Transport {
     bool hang = false;
     std::vector<Awaited> awaited;  // each peer once, in the order the wait listed them
   };
-  // Read by the thread that drove the failed wait (the communicator's rule).
-  const WaitFailure& wait_failure() const { return wait_failure_; }
+  // Read by the thread that drove the failed wait (the communicator's rule). A transport made of
+  // parts says which part's wait failed (routed: local() hands out the shared-memory part's).
+  virtual const WaitFailure& wait_failure() const { return wait_failure_; }
   bool peer_reported_timeout() const { return peer_reported_timeout_.load(std::memory_order_acquire); }
 
  protected:

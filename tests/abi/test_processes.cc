@@ -258,6 +258,35 @@ TEST_CASE("processes: SIGSTOP of a rank during a 64 MiB ring allreduce of 4 rank
   }
 }
 
+// Several ranks per host (COMM_HOST_ID: 3 hosts of 2), so the routed transport and the hierarchical
+// all-reduce, whose steps within a host wait on the shared-memory part directly (local()). The
+// stopped rank's host neighbour times out first there; its wait must reach the hang trace. It did
+// not (the routed transport kept only its own record): the neighbour published no wait, and the
+// ranks waiting on it blamed it, a healthy rank, after the trace's grace (the 4x2 chaos runs).
+TEST_CASE("processes: SIGSTOP of a rank with several ranks per host (routed transport, hierarchical allreduce): every "
+          "survivor's error names the stopped rank, not its host neighbour that timed out first",
+          "[process]") {
+  TempDir dir;
+  const int n = 6, victim = 3, timeout_ms = 3000;
+  const int port = free_port();
+  auto procs = launch(dir, "kill", n, [&](int r) {
+    return torchrun_env(r, n, port, timeout_ms, {{"COMM_HOST_ID", "host" + std::to_string(r / 2)}});
+  });
+  const double t0 = now_ms();
+  bool in_third = false;
+  while (!in_third && now_ms() - t0 < 120000) {
+    in_third = procs[victim].output().find("ITER 2\n") != std::string::npos;
+    if (!in_third) usleep(2000);
+  }
+  usleep(30000);
+  kill(procs[victim].pid, SIGSTOP);
+  const bool ended = wait_survivors_then_kill(procs, victim, now_ms() + 60000);
+  INFO("outputs:\n" << describe_all(procs));
+  REQUIRE(in_third);
+  CHECK(ended);
+  check_names_stalled(procs, victim);
+}
+
 TEST_CASE("processes: malformed launcher variables are COMM_ERR_INVALID_ARGUMENT naming the variable", "[process]") {
   TempDir dir;
   struct Bad {

@@ -36,6 +36,16 @@ class RoutedTransport final : public Transport {
 
   const char* name() const override { return name_.c_str(); }
   LocalAccess* local() override { return near_->local(); }
+  // A wait through local() (the hierarchical algorithms' one-sided steps) fails in the shared-memory
+  // part, past drive(): its record is the failed wait's. Without it the first rank to time out
+  // there published no wait for the hang trace, and the ranks waiting on it blamed it, after a
+  // grace, instead of the stopped rank (the 4x2 chaos runs, libcomm/src/blame.cc).
+  const WaitFailure& wait_failure() const override {
+    const WaitFailure& own = Transport::wait_failure();
+    if (own.hang || !own.awaited.empty()) return own;
+    const WaitFailure& near = near_->wait_failure();
+    return near.hang || !near.awaited.empty() ? near : own;
+  }
 
   Status wait(const RequestId* ids, size_t n) override { return drive(ids, n, false); }
   Status wait_some(const RequestId* ids, size_t n) override { return drive(ids, n, true); }
