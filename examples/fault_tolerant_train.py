@@ -66,6 +66,10 @@ class Sampler:
     def load_state_dict(self, state):
         self.position = state["position"]
 
+    def advance(self):
+        """At the commit, before the step boundary where a joiner receives the position."""
+        self.position += 1
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -163,8 +167,7 @@ def main(argv=None):
                 # over the world's batches (a whole job's loss is left as it was, bit for bit).
                 loss = loss * (len(mine) * len(ddp.slots) / world)
             loss.backward()  # a failed all-reduce is recorded here, not raised
-            ddp.step(opt, sched)  # the commit vote; after a failure, agree, shrink, redo
-            sampler.position += 1
+            ddp.step(opt, sched, on_commit=sampler.advance)  # the commit vote; after a failure, agree, shrink, redo
             for r in ddp.recoveries[seen:]:
                 say(f"# [{me}] recovered at step {r['step']}: failed {r['failed']} in the {r['phase']}, "
                     f"now {r.get('size')} ranks, started {r.get('started', 0):.3f}, step took "

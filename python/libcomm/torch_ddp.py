@@ -468,14 +468,18 @@ class DistributedDataParallel(torch.nn.Module):
             raise ValueError("libcomm DDP: should_commit() needs DistributedDataParallel(..., fault_tolerant=True)")
         return self._ft.should_commit()
 
-    def step(self, optimizer, scheduler=None):
-        """should_commit(), then optimizer.step() and scheduler.step() (when given), then the step
-        boundary, where ranks waiting to join are admitted."""
+    def step(self, optimizer, scheduler=None, on_commit=None):
+        """should_commit(), then optimizer.step(), scheduler.step() and on_commit() (when given),
+        then the step boundary, where ranks waiting to join are admitted and receive the registered
+        state. Advance a data position in on_commit: after the boundary would be too late, the
+        joiner would get the position of the step just committed and train one batch behind."""
         committed = self.should_commit()
         if committed:
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
+            if on_commit is not None:
+                on_commit()
             self._ft.boundary()
         return committed
 

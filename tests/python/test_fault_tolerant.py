@@ -176,7 +176,7 @@ def join_run(transport, extra_env=None, more_args=()):
     (codes, lines) of ranks 0-3 then the joiner (index 4), or exits 77 without comm_grow."""
     store = tempfile.mkdtemp(prefix="ft_store_")
     STORES.append(store)
-    args = ["--steps", "20", "--until-size", "4", "--step-sleep", "0.05", "--kill-rank", "2",
+    args = ["--steps", "20", "--until-size", "4", "--step-sleep", "0.05", "--log-every", "1", "--kill-rank", "2",
             "--kill-step", "6", "--init-method", "file://" + store] + list(more_args)
     env = dict(os.environ, WORLD_SIZE="4", COMM_TRANSPORT=transport,
                COMM_TIMEOUT_MS=os.environ.get("FT_TIMEOUT_MS", "10000"), **(extra_env or {}))
@@ -221,6 +221,13 @@ def join_test(transport):
     # takes over) and, on every member, the grow that admitted it at the same step boundary.
     if int(said[0].group(2)) != 2 or int(said[0].group(3)) <= 0:
         sys.exit(f"FAIL: the replacement's join line names slot {said[0].group(2)}, {said[0].group(3)} bytes")
+    # Its data position is the members' (on_commit advances it before the boundary): its first
+    # step trains the batch of the step it joined at, not the one before.
+    first = [int(m.group(2)) for m in map(STEP.match, joined) if m][:1]
+    if first != [int(said[0].group(1))]:
+        sys.exit(f"FAIL: the replacement joined at step {said[0].group(1)} but trained first at data position {first}")
+    if any("hold other parameters or state" in line for ls in lines for line in ls):
+        sys.exit("FAIL: a join needed a repair:\n" + "\n".join(line for ls in lines for line in ls if "hold other" in line))
     admitted = [m.group(1) for ls in lines[:4] for m in map(ADMITTED.match, ls) if m]
     if sorted(admitted) != [said[0].group(1)] * 3:
         sys.exit(f"FAIL: the survivors admitted the replacement at steps {admitted}, it joined at step "
