@@ -23,6 +23,9 @@ replacement (COMM_JOIN=1); the survivors admit it at a step boundary (comm_grow)
 state; all four end with the same step count and parameter hash (each trains until the job has 4
 ranks again). Skipped (77) while comm_grow is not implemented.
 
+stop TRANSPORT: 4 ranks; rank 2 is SIGSTOPped after its step 5: the survivors suspect it by its
+silence in the agreement (not after a timeout of their own), exclude it and end equal.
+
 kill-during-join: the join over sockets, but member 3 is SIGKILLed during the admission (after the
 grow returned, ft_rank.py's FT_KILL_AT_JOIN); ranks 0 and 1 recover, redo the step and end equal.
 
@@ -41,7 +44,7 @@ repair once|always: join over sockets, but rank 1's state diverges just before t
 check (ft_rank.py's FT_CORRUPT); once: repaired from rank 0, every process warns naming rank 1, all
 end bitwise equal; always: the repair cannot fix it, every process stops naming rank 1, no loop.
 
-usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | join auto|socket | kill-during-join |
+usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | stop auto|socket | join auto|socket | kill-during-join |
 split-at-join | refuse |
 repair once|always"""
 
@@ -160,6 +163,38 @@ def kill_test(transport, n, extra_env=None):
     codes, lines = collect(procs, on_line)
     if not killed:
         sys.exit(f"FAIL: rank {victim} never reached step {after}:\n" + "\n".join(lines[victim][-30:]))
+    check(codes, lines, [r for r in range(n) if r != victim], steps, victim)
+
+
+def stop_test(transport):
+    """4 ranks; rank 2 is SIGSTOPped after its step 5 (and SIGKILLed once the others ended). The
+    survivors agree on it without a timeout of their own: at least one of them suspects it at its
+    check-in or while it waits (its transport's silence, on the wrapper's communicator, which carries
+    no calls). Over shared memory that silence was not judged: the agreement waited out a whole
+    timeout more (twice the timeout per SIGSTOP)."""
+    n, victim, steps = 4, 2, 30
+    procs = start(n, transport, ["--steps", str(steps), "--log-every", "1", "--step-sleep", "0.02"],
+                  {"COMM_DEBUG": "INFO", "COMM_DEBUG_SUBSYS": "INIT"})
+    stopped, finals = [], set()
+
+    def on_line(r, line):
+        m = STEP.match(line)
+        if r == victim and m and int(m.group(2)) >= 5 and not stopped:
+            stopped.append(line)
+            os.kill(procs[victim].pid, signal.SIGSTOP)
+        if FINAL.match(line):
+            finals.add(r)
+            if finals >= {r for r in range(n) if r != victim}:
+                os.kill(procs[victim].pid, signal.SIGKILL)
+    codes, lines = collect(procs, on_line)
+    codes[victim] = 0  # SIGKILLed by this test
+    if not stopped:
+        sys.exit(f"FAIL: rank {victim} never reached step 5")
+    suspected = [line for r in range(n) if r != victim for line in lines[r]
+                 if re.search(r"comm_agree_failed(?: decides round \d+ \(its suspicions:|.*now suspects) \[[\d,]*\b2\b", line)]
+    if not suspected:
+        sys.exit("FAIL: no survivor suspected the stopped rank in the agreement (it waited out its timeout):\n" +
+                 "\n".join(line for r in range(n) for line in lines[r] if "comm_agree_failed" in line))
     check(codes, lines, [r for r in range(n) if r != victim], steps, victim)
 
 
@@ -353,6 +388,8 @@ def main():
             {"gradient_as_bucket_view": True, "static_graph": True, "find_unused_parameters": True})})
     elif what == "vote":
         vote_test()
+    elif what == "stop":
+        stop_test(sys.argv[2])
     elif what == "join":
         join_test(sys.argv[2])
     elif what == "kill-during-join":

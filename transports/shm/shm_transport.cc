@@ -93,6 +93,7 @@ Status ShmTransport::check_beating(int i, std::chrono::steady_clock::time_point 
   const int64_t silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.beat_seen_at).count();
   if (silent < silence_limit_ms(options_.timeout_ms, options_.heartbeat_ms)) return Status::Ok();
   const std::string pid = p.dom < 0 ? "" : " (pid " + std::to_string(domain_->pid(p.dom)) + ", on this host)";
+  p.silenced = true;
   return silence_verdict(who(i) + pid,
                          "did not bump its heartbeat in shared memory", silent, options_.heartbeat_ms,
                          options_.timeout_ms);
@@ -235,11 +236,26 @@ void ShmTransport::publish_failure(const std::string& text, comm_status_t code, 
   COMM_INFO(kNet, "%s: told its %zu local peer(s) that it failed: %s", me().c_str(), peers_.size() - 1, text.c_str());
 }
 
-// A local peer whose process exited (its pidfd) without comm_destroy.
-void ShmTransport::lost_peers(std::vector<int>* out) {
+// A local peer whose process exited (its pidfd) without comm_destroy, or that idle detection
+// found silent. Judged here too (a healthy transport, whose watcher reads the counters: the beat
+// seen is current): a SIGSTOPped rank's counter stands still, and without this the agreement of a
+// communicator that carries no calls (the DDP wrapper's) waited out its timeout for a stopped
+// local rank after its engine had already timed out on it, twice the timeout per SIGSTOP. A failed
+// transport's watcher stopped and so did its peers' (their beats with it): that silence proves
+// nothing (transports/transport.h, closed_peers).
+void ShmTransport::find_lost(std::vector<int>* out, bool judge_silence) {
+  const auto now = std::chrono::steady_clock::now();
+  const bool healthy = failed_.ok() && !aborted_.load(std::memory_order_acquire);
   for (size_t i = 0; i < peers_.size(); ++i) {
-    if (static_cast<int>(i) == me_ || peers_[i].header->left.load(std::memory_order_acquire) != 0) continue;
-    if (!check_alive(static_cast<int>(i), "").ok()) out->push_back(peers_[i].rank);
+    const Peer& p = peers_[i];
+    if (static_cast<int>(i) == me_ || p.header->left.load(std::memory_order_acquire) != 0) continue;
+    bool lost = !check_alive(static_cast<int>(i), "").ok() || p.silenced;
+    if (!lost && judge_silence && healthy && options_.heartbeat_ms > 0 && p.lines != nullptr &&
+        p.beat_seen_at != std::chrono::steady_clock::time_point{} &&
+        p.lines->beat.value.load(std::memory_order_relaxed) == p.beat_seen)
+      lost = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.beat_seen_at).count() >=
+             silence_limit_ms(options_.timeout_ms, options_.heartbeat_ms);
+    if (lost) out->push_back(p.rank);
   }
 }
 

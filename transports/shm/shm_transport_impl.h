@@ -74,6 +74,7 @@ struct Peer {
   // Idle detection (check_idle, the watcher's thread only): its beat counter as last seen, and
   // when it was first seen at that value (unset: not looked at yet).
   uint64_t beat_seen = 0;
+  bool silenced = false;  // idle detection failed this transport on its silence
   bool reported = false;  // its failure report was read (peer_errors) and kept
   std::chrono::steady_clock::time_point beat_seen_at{};
   // The same for the thread that drives the transport, looked at in a wait's slow path (await:
@@ -103,7 +104,8 @@ class ShmTransport final : public Transport, public LocalAccess {
   Status wait_some(const RequestId* ids, size_t n) override;
   void wake() override;
   void notify_peers(const Status& failure, uint64_t order) override;
-  void lost_peers(std::vector<int>* out) override;
+  void lost_peers(std::vector<int>* out) override { find_lost(out, true); }
+  void closed_peers(std::vector<int>* out) override { find_lost(out, false); }
   int64_t silent_ms(int peer) override;  // the driving thread's, after a wait failed
   Status check_idle() override;
   void beat() override;
@@ -172,6 +174,9 @@ class ShmTransport final : public Transport, public LocalAccess {
     return failure;
   }
   Status check_alive(int i, const std::string& during);
+  // lost_peers and closed_peers: a process gone, a peer idle detection convicted of silence, and
+  // (judge_silence, on a transport that has not failed) a beat counter still for the silence limit.
+  void find_lost(std::vector<int>* out, bool judge_silence);
   // Idle detection: local peer i's beat counter stood still for the silence limit.
   Status check_beating(int i, std::chrono::steady_clock::time_point now);
   // Wakes local peer i if it sleeps (after a store it may be waiting for).
