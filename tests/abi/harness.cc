@@ -60,6 +60,14 @@ std::string last_error(comm_t comm) {
   return m ? std::string(m) : std::string("(null)");
 }
 
+Reduced allreduce_sum(comm_t c, int64_t value) {
+  Reduced out;
+  int64_t v = value;
+  out.status = comm_allreduce(c, &v, &out.sum, 1, COMM_INT64, COMM_SUM, nullptr);
+  if (out.status != COMM_OK) out.message = last_error(c);
+  return out;
+}
+
 std::string describe(const Outcome& o) {
   return status_name(o.status) + " after " + std::to_string(static_cast<long>(o.ms)) + " ms" +
          (o.message.empty() ? "" : ": " + o.message);

@@ -7,6 +7,7 @@
 #include <barrier>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -29,6 +30,14 @@ double now_ms();  // steady clock
 std::string status_name(comm_status_t s);  // "COMM_ERR_TIMEOUT" (the test's names, not libcomm's)
 bool icontains(const std::string& haystack, const std::string& needle);
 std::string last_error(comm_t comm);  // comm_last_error, "(null)" if it returned NULL
+
+// Sum over ranks of `value` with an int64 allreduce; -1 and the message on failure.
+struct Reduced {
+  comm_status_t status = COMM_OK;
+  int64_t sum = -1;
+  std::string message;
+};
+Reduced allreduce_sum(comm_t c, int64_t value);
 
 // fn(rank) on n threads at once; the results in rank order.
 template <class F>
