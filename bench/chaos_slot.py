@@ -39,6 +39,7 @@ EXAMPLE = os.path.join(HERE, "..", "examples", "fault_tolerant_train.py")
 PY = "/usr/bin/python3"
 JOB_END_GRACE_S = 20.0
 RECORD_WAIT_S = 3.0  # as comm-run's kRecordWaitS (tools/comm-run/launcher.cc, restart_unadmitted)
+MAX_UNNAMED = 3      # as its kMaxRestarts
 
 
 def read(path):
@@ -64,6 +65,7 @@ class Slot:
         self.seen = 0                  # exclusion records read
         self.job_end = None            # when this first saw the job end (a final line)
         self.exited_at = None          # when the slot's process exited non-zero (no record yet)
+        self.unnamed = 0               # restarts in a row without a record (reset by one)
         self.log = open(os.path.join(rundir, f"slot.{self.slot}"), "a", buffering=1)
 
     def note(self, what):
@@ -121,7 +123,10 @@ class Slot:
                     self.note(f"restart: {self.k} died before it was admitted ({admitted} < {self.replacements})")
                     self.start(join=True)
             if (self.proc is None and self.exited_at is not None and self.job_end is None and
-                    time.monotonic() - self.exited_at >= RECORD_WAIT_S):
+                    time.monotonic() - self.exited_at >= RECORD_WAIT_S and self.unnamed < MAX_UNNAMED):
+                # Capped, as comm-run's: a job that has lost its majority ends, and its slots'
+                # processes all exit unnamed.
+                self.unnamed += 1
                 self.note(f"restart: no record named {self.k} within {RECORD_WAIT_S:.0f} s of its exit")
                 self.replacements += 1
                 self.start(join=True)
@@ -135,6 +140,7 @@ class Slot:
                     self.note(f"exit {self.k} code {self.proc.wait()}")
                     self.proc = None
                 self.replacements += 1
+                self.unnamed = 0
                 self.start(join=True)
             if self.job_end is None and self.job_ended():
                 self.job_end = time.monotonic()

@@ -219,9 +219,15 @@ void Launcher::restart_unadmitted() {
     const int64_t admitted = store_.admitted(static_cast<int>(i));
     if (admitted < 0) continue;
     if (admitted >= replacements_[i]) {
-      // A member when it died: its exclusion brings the next one, or it never comes.
-      restarts_[i] = 0;
-      if (now_s() - r.exited_at < kRecordWaitS) continue;
+      // A member when it died: its exclusion brings the next one, or it never comes. Not while
+      // fewer than a majority of the slots run: such a job is ending (its survivors cannot agree),
+      // and a joiner would wait for a grow that never comes. Counted with the restarts below.
+      if (now_s() - r.exited_at < kRecordWaitS || 2 * running_ <= opt_.nranks) continue;
+      if (++restarts_[i] > kMaxRestarts) {
+        std::fprintf(stderr, "comm-run: rank %zu: %d processes in a row exited unadmitted or unnamed by an "
+                     "exclusion; the slot stays empty\n", i, kMaxRestarts);
+        continue;
+      }
       for (Stream* st : {&r.out, &r.err}) st->drain(r.prefix);
       ++replacements_[i];
       std::fprintf(stderr, "comm-run: rank %zu %s and no exclusion named it within %.0f s (an admission the "
@@ -267,6 +273,7 @@ void Launcher::replace_excluded() {
     if (r.running) continue;  // cannot happen: SIGKILL; never start a second process in the slot
     for (Stream* st : {&r.out, &r.err}) st->drain(r.prefix);
     ++replacements_[i];
+    restarts_[i] = 0;  // a record: the slot's process was a member
     std::fprintf(stderr, "comm-run: rank %d was excluded by the others (%s): starting its replacement #%lld with "
                  "COMM_JOIN=1\n", e.slot, describe_status(r.wait_status).c_str(),
                  static_cast<long long>(replacements_[i]));
