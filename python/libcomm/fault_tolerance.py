@@ -433,6 +433,10 @@ class FaultTolerance:
         # seconds: from the grow's return (the state transfer); grow: the comm_grow call itself.
         self.joins.append({"step": self.step, "size": new.size, "seconds": time.monotonic() - start,
                            "grow": start - asked, "bytes": sent, "repaired": repaired})
+        # The decision, to the joiners (receive_state waits for it): an undone admission aborts
+        # what was made on the grown communicator instead, which ends their wait at once. A
+        # failure here is the next step's, recovered from on the grown communicator.
+        ddp._comm.broadcast(np.ones(1, np.int32), root=0)
 
     def _undo_grow(self, old, owned, new):
         """Back to the communicator of before a grow whose admission failed; the grown one and
@@ -480,6 +484,11 @@ class FaultTolerance:
         start = time.monotonic()
         try:
             repaired, got = self._exchange_state()
+            # The members' decision on this admission (_grow): 1 when it stands; when they undo it
+            # they abort the communicators made for it, and this wait fails (without it this
+            # process trained on alone until its timeout, and its slot stayed empty meanwhile).
+            decided = np.zeros(1, np.int32)
+            self.ddp._comm.broadcast(decided, root=0)
         except errors.CommError as e:
             raise FaultToleranceError(self._where() + f"joining failed while receiving the state: {e}") from e
         self.joins.append({"step": self.step, "size": self.ddp._user_comm.size,

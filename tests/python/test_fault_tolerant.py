@@ -35,6 +35,9 @@ where rank 0 undid the admission and the others went on with it, and neither sid
 the members' agreement on the admission undoes it on all three, which recover on the communicator
 of before and end equal; the abandoned replacement stops.
 
+split-comm-run COMM_RUN: the same under comm-run --replace-failed, which replaces the abandoned
+replacement (no agreement names it) 3 s after it stopped; the job ends on 4 equal ranks.
+
 refuse: 2 ranks; overlap_forward, a comm hook with state (PowerSGD), join() and a forward after
 an uncommitted step are refused with fault_tolerant=True (ft_rank.py's FT_REFUSE).
 
@@ -45,7 +48,7 @@ check (ft_rank.py's FT_CORRUPT); once: repaired from rank 0, every process warns
 end bitwise equal; always: the repair cannot fix it, every process stops naming rank 1, no loop.
 
 usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | stop auto|socket | join auto|socket | kill-during-join |
-split-at-join | refuse |
+split-at-join | split-comm-run COMM_RUN | refuse |
 repair once|always"""
 
 import json
@@ -371,6 +374,38 @@ def split_at_join_test():
     check(codes, lines, [0, 1, 3], 30, 2)
 
 
+def split_under_comm_run(comm_run):
+    """split-at-join under comm-run --replace-failed: rank 2 dies at step 6, comm-run starts its
+    replacement, member 0's admission of it fails after the exchange, and the members undo it.
+    No agreement names the abandoned replacement, which stops: comm-run starts another once no
+    exclusion named it within 3 s (tools/comm-run/launcher.cc, restart_unadmitted), which joins;
+    the job ends on 4 ranks, equal, and comm-run exits 0."""
+    args = ["--steps", "20", "--until-size", "4", "--step-sleep", "0.05", "--kill-rank", "2", "--kill-step", "6",
+            "--max-steps", "200"]
+    env = dict(os.environ, FT_SPLIT_AT_JOIN="0", COMM_TIMEOUT_MS=os.environ.get("FT_TIMEOUT_MS", "10000"))
+    try:
+        run = subprocess.run([comm_run, "-n", "4", "--bind", "none", "--replace-failed", "--timeout-s", "150", "--",
+                              PY, RANK_SCRIPT] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, timeout=DEADLINE_S + 20)
+    except subprocess.TimeoutExpired as e:
+        sys.exit(f"FAIL: comm-run hung:\n{e.output}")
+    out = run.stdout
+    finals = re.findall(r"\[\d+\] final step (\d+) params ([0-9a-f]{64})", out)
+    bad = []
+    if run.returncode != 0:
+        bad.append(f"comm-run exited {run.returncode}")
+    if "test fault: admission failed here after the exchange" not in out:
+        bad.append("member 0 never failed an admission")
+    if "no exclusion named it within 3 s" not in out:
+        bad.append("comm-run did not replace the abandoned replacement")
+    if len(finals) != 4 or len(set(finals)) != 1:
+        bad.append(f"not 4 equal final lines: {finals}")
+    if bad:
+        print(out[-6000:])
+        sys.exit("FAIL: " + "; ".join(bad))
+    print(f"ok: the abandoned replacement was replaced; 4 ranks ended at step {finals[0][0]}, equal")
+
+
 def refuse_test():
     procs = start(2, "auto", [], {"FT_REFUSE": "1"})
     codes, lines = collect(procs)
@@ -396,6 +431,8 @@ def main():
         kill_during_join_test()
     elif what == "split-at-join":
         split_at_join_test()
+    elif what == "split-comm-run":
+        split_under_comm_run(sys.argv[2])
     elif what == "refuse":
         refuse_test()
     elif what == "repair":
