@@ -353,7 +353,9 @@ struct Kill {
   bool in_third = false;  // the victim reached its third iteration
   double killed_at = 0;   // now_ms() of the kill
 };
-inline Kill kill_in_third_iteration(std::vector<Proc>& procs, int victim, int timeout_ms) {
+// Sends `sig` to `victim` 30 ms into its third iteration (the "kill" worker's "ITER 2"), or after
+// two minutes without it; k.in_third says which.
+inline Kill signal_in_third_iteration(std::vector<Proc>& procs, int victim, int sig) {
   Kill k;
   const double t0 = now_ms();
   while (!k.in_third && now_ms() - t0 < 120000) {
@@ -362,7 +364,12 @@ inline Kill kill_in_third_iteration(std::vector<Proc>& procs, int victim, int ti
   }
   usleep(30000);
   k.killed_at = now_ms();
-  kill(procs[victim].pid, SIGKILL);
+  kill(procs[victim].pid, sig);
+  return k;
+}
+
+inline Kill kill_in_third_iteration(std::vector<Proc>& procs, int victim, int timeout_ms) {
+  Kill k = signal_in_third_iteration(procs, victim, SIGKILL);
   wait_all(procs, k.killed_at + timeout_ms + loaded_host::kSlackMs + 15000);
   return k;
 }

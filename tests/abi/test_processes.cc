@@ -226,14 +226,7 @@ TEST_CASE("processes: SIGSTOP of a rank during a 64 MiB ring allreduce of 4 rank
                            {"COMM_ALGO", "ring"},
                            {"COMM_FLIGHT_RECORDER_FILE", dir.file("flight-%r.json")}});
     });
-    const double t0 = now_ms();
-    bool in_third = false;
-    while (!in_third && now_ms() - t0 < 120000) {
-      in_third = procs[k.victim].output().find("ITER 2\n") != std::string::npos;
-      if (!in_third) usleep(2000);
-    }
-    usleep(30000);
-    kill(procs[k.victim].pid, SIGSTOP);
+    const bool in_third = signal_in_third_iteration(procs, k.victim, SIGSTOP).in_third;
     const bool ended = wait_survivors_then_kill(procs, k.victim, now_ms() + 60000);
     INFO("outputs:\n" << describe_all(procs));
     REQUIRE(in_third);
@@ -272,14 +265,7 @@ TEST_CASE("processes: SIGSTOP of a rank with several ranks per host (routed tran
   auto procs = launch(dir, "kill", n, [&](int r) {
     return torchrun_env(r, n, port, timeout_ms, {{"COMM_HOST_ID", "host" + std::to_string(r / 2)}});
   });
-  const double t0 = now_ms();
-  bool in_third = false;
-  while (!in_third && now_ms() - t0 < 120000) {
-    in_third = procs[victim].output().find("ITER 2\n") != std::string::npos;
-    if (!in_third) usleep(2000);
-  }
-  usleep(30000);
-  kill(procs[victim].pid, SIGSTOP);
+  const bool in_third = signal_in_third_iteration(procs, victim, SIGSTOP).in_third;
   const bool ended = wait_survivors_then_kill(procs, victim, now_ms() + 60000);
   INFO("outputs:\n" << describe_all(procs));
   REQUIRE(in_third);
