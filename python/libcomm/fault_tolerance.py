@@ -256,6 +256,10 @@ class FaultTolerance:
         try:
             return old.agree_failed() if flag is None else old.agree(flag)
         except errors.RemoteError as e:
+            if "not a majority" in str(e):  # agree.cc's NOQUORUM verdict
+                raise FaultToleranceError(
+                    self._where() + "fewer than a majority of the ranks joined the agreement, so this "
+                    f"side stops (two sides of a split job never both go on). {e}") from e
             raise FaultToleranceError(
                 self._where() + "the other ranks agreed that this rank failed (it was stopped, cut "
                 "off or too slow) and went on without it; it cannot rejoin: exit (comm-run "
