@@ -59,21 +59,22 @@ Status parse_set(const std::string& text, int n, std::vector<int>* out) {
 }
 
 // What this rank knows failed: the peers its transport saw gone, and the ranks its hang trace
-// found stalled (a stopped rank is a suspicion until the verdict fences it). A look again while
-// the rank waits in the agreement (again) judges silence only while the communicator's watcher
-// still reads the heartbeats (neither broken nor aborted: watch.cc); once it stopped, a silence
-// proves nothing past the transport's failure (transports/transport.h, closed_peers). Judged on
-// closes only, the DDP wrapper's agreement, on a communicator that carries no calls, waited its
-// whole timeout for a SIGSTOPped rank whose silence its watcher had seen (chaos run 4).
-std::vector<int> own_suspicions(comm_t c, bool again = false) {
+// found stalled (a stopped rank is a suspicion until the verdict fences it). At the check-in and
+// at each look again while the rank waits in the agreement, silence is judged only while the
+// communicator's watcher still reads the heartbeats (neither broken nor aborted: watch.cc); once
+// it stopped, a silence proves nothing past the transport's failure (transports/transport.h,
+// closed_peers). Judged on closes only, the DDP wrapper's agreement, on a communicator that
+// carries no calls, waited its whole timeout for a SIGSTOPped rank whose silence its watcher had
+// seen (chaos run 4).
+std::vector<int> own_suspicions(comm_t c) {
   std::vector<int> out;
   if (c->transport) {
     Driving driving(c);  // the watcher uses the transport only while no thread does
     const bool watched = !c->aborted.load(std::memory_order_acquire) && !c->is_broken.load(std::memory_order_acquire);
-    if (again && !watched)
-      c->transport->closed_peers(&out);
-    else
+    if (watched)
       c->transport->lost_peers(&out);
+    else
+      c->transport->closed_peers(&out);
   }
   {
     std::lock_guard<std::mutex> lock(c->state_mu);
@@ -87,7 +88,7 @@ std::vector<int> own_suspicions(comm_t c, bool again = false) {
 
 // Adds what this rank suspects now to *mine; true if that added a rank.
 bool refresh_suspicions(comm_t c, std::vector<int>* mine) {
-  std::vector<int> now = own_suspicions(c, true), merged;
+  std::vector<int> now = own_suspicions(c), merged;
   std::set_union(mine->begin(), mine->end(), now.begin(), now.end(), std::back_inserter(merged));
   if (merged.size() == mine->size()) return false;
   *mine = std::move(merged);
@@ -232,7 +233,9 @@ Status agree_failed(comm_t c, std::vector<int>* failed, int* flag) {
   if (c->shrunk)
     return InvalidUsage(where + "comm_shrink was already called on this communicator; agree on the one it made");
   if (c->size == 1) return Status::Ok();
-  const int my_flag = flag ? *flag : kAllFlags;
+  // comm_agree_failed takes part with flag 0: should a rank call it where the others call
+  // comm_agree (one that failed what they completed), their AND is 0, the safe answer ("undo").
+  const int my_flag = flag ? *flag : 0;
   const int n = c->size;
   const std::string base = "comm/" + c->id + "/agree" + std::to_string(++c->agreements);
   std::vector<int> mine = own_suspicions(c);  // widened while this rank waits (refresh_suspicions)

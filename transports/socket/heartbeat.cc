@@ -89,6 +89,15 @@ Status SocketTransport::check_idle() {
 // closed_peers (judge_silence false) leaves out the silence of a transport that has not failed
 // (transports/transport.h); a failed one judges it as of its failure, as lost_peers does: the
 // silence that failed it (the watcher's idle detection) was read while someone read.
+namespace {
+// Whether the peer sent bytes this rank has not read: heard_ moves only when this rank reads, so
+// a rank that was itself stalled (stopped, descheduled) would take every live peer for silent.
+bool bytes_waiting(int fd) {
+  pollfd pfd{fd, POLLIN, 0};
+  return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLIN) != 0;
+}
+}  // namespace
+
 void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   Entry entry(*this);
   // A failed transport reads no heartbeats: a peer's silence counts until the failure only. Else
@@ -101,7 +110,8 @@ void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
     const Connection& c0 = conn(p, 0);
     if ((judge_silence || !failed_.ok()) && heartbeat_.count() != 0 && !c0.closed && c0.fd.valid() && !c0.said_goodbye && c0.state != RecvState::kStashed &&
         std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]).count() >=
-            silence_limit_ms()) {
+            silence_limit_ms() &&
+        (!failed_.ok() || !bytes_waiting(c0.fd.get()))) {  // unread bytes: it spoke, this rank did not read
       out->push_back(p);
       continue;
     }

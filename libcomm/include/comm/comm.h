@@ -140,10 +140,11 @@ COMM_API comm_status_t comm_shrink(comm_t comm, const int* exclude_ranks, int n_
 COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity, int* n_failed);
 /* Since ABI 1.10 (ULFM's MPIX_Comm_agree): comm_agree_failed that also agrees on a flag. Each
  * live rank passes its *flag; on success *flag is the bitwise AND of the flags of the ranks the
- * verdict keeps, the same on every one of them, with the failed ranks as comm_agree_failed gives
+ * verdict keeps, the same on every rank it keeps, with the failed ranks as comm_agree_failed gives
  * them (errors as there). For one decision on an operation that ranks saw end differently (some
  * completed it, others failed it): each passes 1 when it completed, and all undo it unless the
- * result is 1 with no rank failed. */
+ * result is 1 with no rank failed. A rank that calls comm_agree_failed where the others call
+ * comm_agree takes part with flag 0. */
 COMM_API comm_status_t comm_agree(comm_t comm, int* flag, int* failed, int capacity, int* n_failed);
 /* comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &new_comm): the failed ranks left to the library
  * (comm_agree_failed, then comm_shrink with its set). Since ABI 1.8. */
