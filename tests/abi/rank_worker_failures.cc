@@ -184,7 +184,10 @@ int mode_shrink() {
 // after a barrier, rank v (STALL_VICTIM, default 3) stops itself (SIGSTOP); a = v+1 receives
 // from v a second late, b = v+2 receives from a at once, d = v+3 receives from b half a second
 // late, each then passing the message on. So b times out first, waiting on a, which is
-// healthy and waits on v.
+// healthy and waits on v. STALL_LONE_MS=D: a waits on v from D ms after the stop, b and d wait
+// on a from 0.75 D (in a call, so no watcher of theirs looks at v, and their own timeouts come
+// after v's silence limit when D is 2/3 of the timeout): only a's wait can find v silent, and a
+// wait that begins after its peer fell silent must end on that silence, not at its own timeout.
 int mode_stall() {
   int rank = -1, n = -1;
   comm_t c = init_or_report(&rank, &n);
@@ -200,7 +203,14 @@ int mode_stall() {
     raise(SIGSTOP);
     return 0;
   }
-  if (rank == a) {
+  const char* lone = std::getenv("STALL_LONE_MS");
+  if (lone != nullptr && rank != a) {
+    usleep(static_cast<useconds_t>(std::atoi(lone)) * 750);  // in a call before v's silence counts
+    st = comm_recv(c, x.data(), x.size(), COMM_FLOAT32, a, nullptr);
+  } else if (lone != nullptr) {
+    usleep(static_cast<useconds_t>(std::atoi(lone)) * 1000);
+    st = comm_recv(c, x.data(), x.size(), COMM_FLOAT32, v, nullptr);
+  } else if (rank == a) {
     usleep(1000 * 1000);
     st = comm_recv(c, x.data(), x.size(), COMM_FLOAT32, v, nullptr);
     if (st == COMM_OK) st = comm_send(c, x.data(), x.size(), COMM_FLOAT32, b, nullptr);

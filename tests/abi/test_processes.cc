@@ -208,6 +208,30 @@ TEST_CASE("processes: the hang trace does not wait for a stopped rank its heartb
   }
 }
 
+// A wait that begins after its peer fell silent (a rank behind the others: the 4x2 chaos run whose
+// last survivor began waiting on the stopped rank 10 s after the stop, and ran a timeout of its
+// own). Rank 0 waits on the stopped rank 3 from 4 s after the stop, the others wait on rank 0 from
+// 3 s: its wait must end on the silence (6 s from the stop), not at its own timeout (6 s from its
+// start), before theirs (6 s from theirs) would end it with their report.
+TEST_CASE("processes: a wait that begins after its peer fell silent ends on the silence, not its own timeout",
+          "[process]") {
+  TempDir dir;
+  const int n = 4, victim = 3, timeout_ms = 6000;  // margins of ~3 s for a busy host
+  const int port = free_port();
+  auto procs = launch(dir, "stall", n, [&](int r) {
+    return torchrun_env(r, n, port, timeout_ms,
+                        {{"COMM_TRANSPORT", "socket"}, {"COMM_SOCKET_EAGER", "1"}, {"COMM_HEARTBEAT_MS", "300"},
+                         {"STALL_VICTIM", "3"}, {"STALL_LONE_MS", "4000"}});
+  });
+  const bool ended = wait_survivors_then_kill(procs, victim, now_ms() + 90000);
+  INFO("outputs:\n" << describe_all(procs));
+  CHECK(ended);
+  const std::string msg = line_after(procs[0].output(), "MSG ").value_or("");
+  INFO("rank 0's message: " << msg);
+  CHECK(msg.find("rank 3 sent nothing, not even a heartbeat (every 300 ms, COMM_HEARTBEAT_MS), for ") != std::string::npos);
+  CHECK(msg.find("while rank 0 waited on it in ") != std::string::npos);
+}
+
 TEST_CASE("processes: SIGSTOP of a rank during a 64 MiB ring allreduce of 4 ranks: every survivor's error names the "
           "stopped rank (trials over sockets and shared memory)",
           "[process]") {

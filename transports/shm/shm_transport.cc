@@ -125,6 +125,15 @@ int64_t ShmTransport::silent_ms(int peer) {
       .count();
 }
 
+Status ShmTransport::check_silent(int i) {
+  const int64_t silent = silent_ms(peers_[static_cast<size_t>(i)].rank);
+  if (silent < 0 || silent < silence_limit_ms(options_.timeout_ms, options_.heartbeat_ms)) return Status::Ok();
+  return Timeout(who(i) + " did not bump its heartbeat in shared memory (every " + std::to_string(options_.heartbeat_ms) +
+                 " ms, COMM_HEARTBEAT_MS) for " + std::to_string(silent) + " ms (COMM_TIMEOUT_MS " +
+                 std::to_string(options_.timeout_ms) + ") while rank " + std::to_string(rank()) + " waited on it in " +
+                 describe(tag_) + "; is it stopped (SIGSTOP, a debugger) or hung?");
+}
+
 int ShmTransport::local_of(int r) const {
   return r >= 0 && r < size() ? local_of_[static_cast<size_t>(r)] : -1;
 }

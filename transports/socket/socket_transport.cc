@@ -283,6 +283,9 @@ Status SocketTransport::drive(const RequestId* ids, size_t n, bool any) {
     charging = waiting;
     last_look = now;
     if (clock.expired(now)) return failed(Timeout(timeout_message(ids, n)));
+    if (!clock.spinning(now)) {
+      if (Status st = silent_awaited(ids, n, now); !st.ok()) return failed(st);
+    }
     if (heartbeat_.count() != 0 && now >= next_beat_) beat(now);  // peers that idle hear this rank lives
     int poll_ms = clock.spinning(now) ? 0 : clock.block_ms(now, kMaxBlockMs);
     uint64_t before = moved_;
@@ -316,6 +319,31 @@ Status SocketTransport::test(RequestId id, bool* done) {
   if (!st.ok()) return fail(st);
   *done = r.parts_left == 0;
   if (*done) pool_.release(index);
+  return Status::Ok();
+}
+
+// An awaited peer silent past the silence rule (no byte, not even a heartbeat: a live peer is
+// heard every COMM_HEARTBEAT_MS, also while it waits or computes) is stopped or hung; the wait
+// fails now, also one that began after the peer fell silent. Before, such a wait ran its own
+// whole timeout: in a 4x2 chaos run a rank behind the others in the engine's buckets began
+// waiting on a SIGSTOPped rank 10 s after the stop, and the survivors' agreement waited for it.
+// Judged as idle detection judges it (heartbeat.cc), on connection 0, not past a stashed frame.
+Status SocketTransport::silent_awaited(const RequestId* ids, size_t n, Clock::time_point now) {
+  if (heartbeat_.count() == 0) return Status::Ok();
+  for (size_t i = 0; i < n; ++i) {
+    const Request& r = pool_.of(ids[i]);
+    if (r.parts_left == 0 || r.any || r.peer < 0 || r.peer == rank()) continue;
+    const Connection& c0 = conn(r.peer, 0);
+    if (c0.closed || !c0.fd.valid() || c0.said_goodbye || c0.state == RecvState::kStashed) continue;
+    const int64_t silent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(r.peer)]).count();
+    if (silent < silence_limit_ms()) continue;
+    return Timeout("rank " + std::to_string(r.peer) + " sent nothing, not even a heartbeat (every " +
+                   std::to_string(heartbeat_.count()) + " ms, COMM_HEARTBEAT_MS), for " + std::to_string(silent) +
+                   " ms (COMM_TIMEOUT_MS " + std::to_string(options_.timeout_ms) + ") while rank " +
+                   std::to_string(rank()) + " waited on it in " + describe(r.tag) +
+                   "; is it stopped (SIGSTOP, a debugger) or hung?");
+  }
   return Status::Ok();
 }
 

@@ -156,6 +156,7 @@ class SocketTransport final : public Transport {
   Status peer_reported(Connection& c);
   void close_connection(Connection& c, const std::string& reason, bool is_exit);
   Status check_peers(Request& r);
+  Status silent_awaited(const RequestId* ids, size_t n, Clock::time_point now);  // a waited-on peer stopped
   // A peer's kept report (Transport::keep_report) when it concerns unfinished request r.
   Status report_for_request(const Request& r) { return report_for(r.any ? kAnyOrder : r.tag.order); }
   // Idle detection (heartbeat.cc): a HEARTBEAT to every connected peer when one is due.
