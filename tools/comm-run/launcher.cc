@@ -233,9 +233,7 @@ void Launcher::restart_unadmitted() {
       std::fprintf(stderr, "comm-run: rank %zu %s and no exclusion named it within %.0f s (an admission the "
                    "others undid): starting its replacement #%lld with COMM_JOIN=1\n", i,
                    describe_status(r.wait_status).c_str(), kRecordWaitS, static_cast<long long>(replacements_[i]));
-      if (!start(static_cast<int>(i), rank_environment(opt_, static_cast<int>(i), port_, run_id_, /*join=*/true),
-                 allowed_cpus(), child_mask_))
-        std::fprintf(stderr, "comm-run: rank %zu: its replacement could not be started\n", i);
+      start_joiner(static_cast<int>(i));
       continue;
     }
     if (++restarts_[i] > kMaxRestarts) {
@@ -246,10 +244,13 @@ void Launcher::restart_unadmitted() {
     for (Stream* st : {&r.out, &r.err}) st->drain(r.prefix);
     std::fprintf(stderr, "comm-run: rank %zu: its replacement #%lld %s before the others admitted it: starting it "
                  "again\n", i, static_cast<long long>(replacements_[i]), describe_status(r.wait_status).c_str());
-    if (!start(static_cast<int>(i), rank_environment(opt_, static_cast<int>(i), port_, run_id_, /*join=*/true),
-               allowed_cpus(), child_mask_))
-      std::fprintf(stderr, "comm-run: rank %zu: its replacement could not be started\n", i);
+    start_joiner(static_cast<int>(i));
   }
+}
+
+void Launcher::start_joiner(int slot) {
+  if (!start(slot, rank_environment(opt_, slot, port_, run_id_, /*join=*/true), allowed_cpus(), child_mask_))
+    std::fprintf(stderr, "comm-run: rank %d: its replacement could not be started\n", slot);
 }
 
 void Launcher::replace_excluded() {
@@ -277,8 +278,7 @@ void Launcher::replace_excluded() {
     std::fprintf(stderr, "comm-run: rank %d was excluded by the others (%s): starting its replacement #%lld with "
                  "COMM_JOIN=1\n", e.slot, describe_status(r.wait_status).c_str(),
                  static_cast<long long>(replacements_[i]));
-    if (!start(e.slot, rank_environment(opt_, e.slot, port_, run_id_, /*join=*/true), allowed_cpus(), child_mask_))
-      std::fprintf(stderr, "comm-run: rank %d: its replacement could not be started\n", e.slot);
+    start_joiner(e.slot);
   }
 }
 

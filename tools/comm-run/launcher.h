@@ -61,6 +61,8 @@ class Launcher {
   // a member, so no exclusion will ever name it and the slot would stay empty. So is a process
   // that no exclusion named within a few seconds of its exit (an admission the members undid).
   void restart_unadmitted();
+  // Starts slot's next process with COMM_JOIN=1 (the slot's environment), saying so if it cannot.
+  void start_joiner(int slot);
 
   // Ending.
   void drain_output();

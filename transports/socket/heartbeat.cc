@@ -67,14 +67,9 @@ Status SocketTransport::check_idle() {
                               std::to_string(k) + ") while the communicator was idle, without comm_destroy: did it "
                               "exit or crash?"));
     }
-    // Silence: judged on connection 0, where heartbeats travel. A stashed frame hides what
-    // follows it (its receive is not posted yet), so that peer is not judged.
-    const Connection& c = conn(p, 0);
-    if (heartbeat_.count() == 0 || c.closed || !c.fd.valid() || c.said_goodbye || c.state == RecvState::kStashed)
-      continue;
-    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]);
-    if (silent.count() >= silence_limit_ms())
-      return fail(silence_verdict("rank " + std::to_string(p), "sent nothing, not even a heartbeat", silent.count(),
+    const int64_t silent = silence_of(p, now);
+    if (silent >= silence_limit_ms())
+      return fail(silence_verdict("rank " + std::to_string(p), "sent nothing, not even a heartbeat", silent,
                                   heartbeat_.count(), options_.timeout_ms));
   }
   return Status::Ok();
@@ -107,11 +102,8 @@ void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   const Clock::time_point now = failed_.ok() ? Clock::now() : failed_at_;
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
-    const Connection& c0 = conn(p, 0);
-    if ((judge_silence || !failed_.ok()) && heartbeat_.count() != 0 && !c0.closed && c0.fd.valid() && !c0.said_goodbye && c0.state != RecvState::kStashed &&
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(p)]).count() >=
-            silence_limit_ms() &&
-        (!failed_.ok() || !bytes_waiting(c0.fd.get()))) {  // unread bytes: it spoke, this rank did not read
+    if ((judge_silence || !failed_.ok()) && silence_of(p, now) >= silence_limit_ms() &&
+        (!failed_.ok() || !bytes_waiting(conn(p, 0).fd.get()))) {  // unread bytes: it spoke, this rank did not read
       out->push_back(p);
       continue;
     }
@@ -134,10 +126,17 @@ void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
 // Judged as find_lost judges it: on connection 0, as of the failure once failed.
 int64_t SocketTransport::silent_ms(int peer) {
   Entry entry(*this);
-  if (heartbeat_.count() == 0 || peer < 0 || peer >= size() || peer == rank()) return -1;
+  if (peer < 0 || peer >= size() || peer == rank()) return -1;
+  return silence_of(peer, failed_.ok() ? Clock::now() : failed_at_);
+}
+
+// The one silence rule's reading (idle detection, a wait, the agreement, the hang trace): judged on
+// connection 0, where heartbeats travel; not past a stashed frame, which hides what follows it (its
+// receive is not posted yet); not without heartbeats, nor on a connection closed or said goodbye.
+int64_t SocketTransport::silence_of(int peer, Clock::time_point now) {
   const Connection& c0 = conn(peer, 0);
-  if (c0.closed || !c0.fd.valid() || c0.said_goodbye || c0.state == RecvState::kStashed) return -1;
-  const Clock::time_point now = failed_.ok() ? Clock::now() : failed_at_;
+  if (heartbeat_.count() == 0 || c0.closed || !c0.fd.valid() || c0.said_goodbye || c0.state == RecvState::kStashed)
+    return -1;
   return std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(peer)]).count();
 }
 

@@ -327,16 +327,12 @@ Status SocketTransport::test(RequestId id, bool* done) {
 // fails now, also one that began after the peer fell silent. Before, such a wait ran its own
 // whole timeout: in a 4x2 chaos run a rank behind the others in the engine's buckets began
 // waiting on a SIGSTOPped rank 10 s after the stop, and the survivors' agreement waited for it.
-// Judged as idle detection judges it (heartbeat.cc), on connection 0, not past a stashed frame.
+// Judged as idle detection judges it (heartbeat.cc, silence_of).
 Status SocketTransport::silent_awaited(const RequestId* ids, size_t n, Clock::time_point now) {
-  if (heartbeat_.count() == 0) return Status::Ok();
   for (size_t i = 0; i < n; ++i) {
     const Request& r = pool_.of(ids[i]);
     if (r.parts_left == 0 || r.any || r.peer < 0 || r.peer == rank()) continue;
-    const Connection& c0 = conn(r.peer, 0);
-    if (c0.closed || !c0.fd.valid() || c0.said_goodbye || c0.state == RecvState::kStashed) continue;
-    const int64_t silent =
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[static_cast<size_t>(r.peer)]).count();
+    const int64_t silent = silence_of(r.peer, now);
     if (silent < silence_limit_ms()) continue;
     return Timeout("rank " + std::to_string(r.peer) + " sent nothing, not even a heartbeat (every " +
                    std::to_string(heartbeat_.count()) + " ms, COMM_HEARTBEAT_MS), for " + std::to_string(silent) +

@@ -165,6 +165,7 @@ class SocketTransport final : public Transport {
   // comm_destroy: waits, bounded, until the peers of these half-closed connections have every byte (teardown.cc).
   void drain(std::vector<pollfd>& open);
   int64_t silence_limit_ms() const;  // a connected peer silent this long is stopped or hung
+  int64_t silence_of(int peer, Clock::time_point now);  // ms since heard, -1 where not judged (heartbeat.cc)
   // Over TLS a frame may be on its way with 0 of its bytes counted (records sealed, in part sent).
   bool mid_frame(Connection& c) {
     return c.beat_left != 0 ||
