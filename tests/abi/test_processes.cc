@@ -287,11 +287,12 @@ TEST_CASE("processes: SIGSTOP of a rank with several ranks per host (routed tran
   const int n = 6, victim = 3, timeout_ms = 3000;
   const int port = free_port();
   auto procs = launch(dir, "kill", n, [&](int r) {
-    // Heartbeats every 2 s: a rank in a long shared-memory wait sends its socket peers nothing (the
-    // routed transport beats sockets only from their own waits), and at 1 s their hang trace could
-    // take the stopped rank's neighbour for silent (3 heartbeats) before the verdict.
+    // Heartbeats every 250 ms: the stopped rank's neighbour waits on it in shared memory for the
+    // whole timeout, and its socket peers' hang trace takes a rank silent for 3 heartbeats for the
+    // stalled one. It hears the neighbour only because the socket part beats from the watcher while
+    // the rank waits elsewhere (transports/socket/heartbeat.cc, beat()).
     return torchrun_env(r, n, port, timeout_ms,
-                        {{"COMM_HOST_ID", "host" + std::to_string(r / 2)}, {"COMM_HEARTBEAT_MS", "2000"}});
+                        {{"COMM_HOST_ID", "host" + std::to_string(r / 2)}, {"COMM_HEARTBEAT_MS", "250"}});
   });
   const bool in_third = signal_in_third_iteration(procs, victim, SIGSTOP).in_third;
   const bool ended = wait_survivors_then_kill(procs, victim, now_ms() + 60000);

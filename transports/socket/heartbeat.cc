@@ -42,6 +42,21 @@ void SocketTransport::beat(Clock::time_point now) {
   }
 }
 
+// The watcher calls this every heartbeat_, also while a call runs. A wait inside the transport
+// beats itself (drive), so only a thread that finds no one inside sends the beat. That is the
+// routed transport's rank waiting in its shared-memory part (a wait on local peers only, or the
+// hierarchical all-reduce's one-sided steps through local()): before, its socket peers heard
+// nothing for as long as it waited there, and a SIGSTOPped rank's host neighbour, waiting on it
+// for the whole timeout, looked stopped too; another host's hang trace named the neighbour
+// (tests/abi/test_processes.cc, several ranks per host).
+void SocketTransport::beat() {
+  if (heartbeat_.count() == 0) return;
+  Entry entry(*this, std::try_to_lock);
+  if (!entry.inside() || !usable().ok()) return;
+  const Clock::time_point now = Clock::now();
+  if (now >= next_beat_) beat(now);
+}
+
 // A peer beats every heartbeat_ from its watcher, or from a wait whose poll() blocks up to
 // kMaxBlockMs: the rule every beating transport shares (common/silence.h).
 int64_t SocketTransport::silence_limit_ms() const {

@@ -25,7 +25,13 @@ SocketTransport::Entry::Entry(SocketTransport& t) : t_(t) {
   lock_ = std::unique_lock<std::mutex>(t_.mu_);
 }
 
+// The watcher's heartbeat (heartbeat.cc) must never wait behind a caller blocked in poll().
+SocketTransport::Entry::Entry(SocketTransport& t, std::try_to_lock_t) : t_(t), lock_(t.mu_, std::try_to_lock) {
+  if (lock_.owns_lock()) t_.callers_.fetch_add(1, std::memory_order_acq_rel);  // under the lock, as the thread reads it
+}
+
 SocketTransport::Entry::~Entry() {
+  if (!lock_.owns_lock()) return;  // a try that found someone inside
   // Counted out under the lock, so the thread's check of callers_ (also under it) cannot miss
   // the last caller leaving.
   const bool last = t_.callers_.fetch_sub(1, std::memory_order_acq_rel) == 1;

@@ -53,6 +53,9 @@ class SocketTransport final : public Transport {
   void wake() override;
   void notify_peers(const Status& failure, uint64_t order) override;
   Status check_idle() override;
+  // Any thread (the watcher, also during a call): a heartbeat when one is due and no one is inside
+  // the transport; a wait inside beats itself (heartbeat.cc).
+  void beat() override;
   void lost_peers(std::vector<int>* out) override { find_lost(out, true); }  // heartbeat.cc
   void closed_peers(std::vector<int>* out) override { find_lost(out, false); }
   void find_lost(std::vector<int>* out, bool judge_silence);
@@ -90,7 +93,9 @@ class SocketTransport final : public Transport {
   class Entry {
    public:
     explicit Entry(SocketTransport& t);
+    Entry(SocketTransport& t, std::try_to_lock_t);  // inside only if no one is: see inside()
     ~Entry();
+    bool inside() const { return lock_.owns_lock(); }
    private:
     SocketTransport& t_;
     std::unique_lock<std::mutex> lock_;
