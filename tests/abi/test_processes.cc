@@ -212,24 +212,34 @@ TEST_CASE("processes: the hang trace does not wait for a stopped rank its heartb
 // last survivor began waiting on the stopped rank 10 s after the stop, and ran a timeout of its
 // own). Rank 0 waits on the stopped rank 3 from 4 s after the stop, the others wait on rank 0 from
 // 3 s: its wait must end on the silence (6 s from the stop), not at its own timeout (6 s from its
-// start), before theirs (6 s from theirs) would end it with their report.
+// start), before theirs (6 s from theirs) would end it with their report. Over sockets (heartbeat
+// frames) and over shared memory, whose request waits judge the beat counter too, counted from
+// what idle detection saw before the wait began (transports/shm/shm_transport.cc, note_beats).
 TEST_CASE("processes: a wait that begins after its peer fell silent ends on the silence, not its own timeout",
           "[process]") {
-  TempDir dir;
-  const int n = 4, victim = 3, timeout_ms = 6000;  // margins of ~3 s for a busy host
-  const int port = free_port();
-  auto procs = launch(dir, "stall", n, [&](int r) {
-    return torchrun_env(r, n, port, timeout_ms,
-                        {{"COMM_TRANSPORT", "socket"}, {"COMM_SOCKET_EAGER", "1"}, {"COMM_HEARTBEAT_MS", "300"},
-                         {"STALL_VICTIM", "3"}, {"STALL_LONE_MS", "4000"}});
-  });
-  const bool ended = wait_survivors_then_kill(procs, victim, now_ms() + 90000);
-  INFO("outputs:\n" << describe_all(procs));
-  CHECK(ended);
-  const std::string msg = line_after(procs[0].output(), "MSG ").value_or("");
-  INFO("rank 0's message: " << msg);
-  CHECK(msg.find("rank 3 sent nothing, not even a heartbeat (every 300 ms, COMM_HEARTBEAT_MS), for ") != std::string::npos);
-  CHECK(msg.find("while rank 0 waited on it in ") != std::string::npos);
+  struct Case {
+    const char* transport;
+    const char* silence;  // how the transport words the silence
+  };
+  for (const Case& k : {Case{"socket", "rank 3 sent nothing, not even a heartbeat (every 300 ms, COMM_HEARTBEAT_MS), for "},
+                        Case{"shm", "rank 3 did not bump its heartbeat in shared memory (every 300 ms, COMM_HEARTBEAT_MS) for "}}) {
+    INFO("COMM_TRANSPORT=" << k.transport);
+    TempDir dir;
+    const int n = 4, victim = 3, timeout_ms = 6000;  // margins of ~3 s for a busy host
+    const int port = free_port();
+    auto procs = launch(dir, "stall", n, [&](int r) {
+      return torchrun_env(r, n, port, timeout_ms,
+                          {{"COMM_TRANSPORT", k.transport}, {"COMM_SOCKET_EAGER", "1"}, {"COMM_HEARTBEAT_MS", "300"},
+                           {"STALL_VICTIM", "3"}, {"STALL_LONE_MS", "4000"}});
+    });
+    const bool ended = wait_survivors_then_kill(procs, victim, now_ms() + 90000);
+    INFO("outputs:\n" << describe_all(procs));
+    CHECK(ended);
+    const std::string msg = line_after(procs[0].output(), "MSG ").value_or("");
+    INFO("rank 0's message: " << msg);
+    CHECK(msg.find(k.silence) != std::string::npos);
+    CHECK(msg.find("while rank 0 waited on it in ") != std::string::npos);
+  }
 }
 
 TEST_CASE("processes: SIGSTOP of a rank during a 64 MiB ring allreduce of 4 ranks: every survivor's error names the "

@@ -70,7 +70,7 @@ Status ShmTransport::wait_counter(int i, std::atomic<uint64_t>& c, uint64_t at_l
       },
       [&](bool timed_out) {
         COMM_RETURN_IF_ERROR(check_alive(i, describe(tag_)));
-        COMM_RETURN_IF_ERROR(check_silent(i));
+        COMM_RETURN_IF_ERROR(check_silent(i, tag_));
         COMM_RETURN_IF_ERROR(channel_disagreement(i, tag_));
         if (!timed_out) return Status::Ok();
         return Timeout("no progress for " + std::to_string(options_.timeout_ms) + " ms (COMM_TIMEOUT_MS) while rank " +
@@ -93,7 +93,7 @@ Status ShmTransport::wait_slot(int i) {
         },
         [&](bool timed_out) {
           COMM_RETURN_IF_ERROR(check_alive(i, describe(tag_)));
-          COMM_RETURN_IF_ERROR(check_silent(i));
+          COMM_RETURN_IF_ERROR(check_silent(i, tag_));
           COMM_RETURN_IF_ERROR(channel_disagreement(i, tag_));
           // A peer that posted this call number through its descriptor only runs another call.
           const ControlLines* l = peers_[static_cast<size_t>(i)].lines;

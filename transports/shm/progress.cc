@@ -318,6 +318,10 @@ Status ShmTransport::request_stuck(const Request& r, bool timed_out, std::string
     return Status::Ok();
   }
   COMM_RETURN_IF_ERROR(check_alive(r.peer, describe(r.tag)));
+  // A peer silent past the silence rule is stopped or hung: the wait fails now, as the one-sided
+  // waits do (local_access.cc) and the socket transport's (silent_awaited), not at its own timeout
+  // (a comm_recv that began after the peer was stopped would otherwise wait all of it).
+  COMM_RETURN_IF_ERROR(check_silent(r.peer, r.tag));
   COMM_RETURN_IF_ERROR(one_sided_disagreement(r.peer, r.tag));
   if (!timed_out) return Status::Ok();
   const std::string one = who(r.peer) + " (" + (r.is_send ? "send of " : "receive of ") + describe(r.tag) + ": " +

@@ -101,7 +101,11 @@ Status ShmTransport::check_beating(int i, std::chrono::steady_clock::time_point 
 
 // Each peer's beat counter as the waiting thread last saw it, and since when at that value: a
 // stopped peer's stands still (its watcher beats also while it is in a call). Only in the slow
-// path of a wait, which sleeps next: nothing on a fast wait.
+// path of a wait, which sleeps next: nothing on a fast wait. A value the watcher's idle detection
+// already saw (check_beating) counts from that earlier look: a wait that begins after the
+// communicator idled beside a stopped peer fails on the silence, counted from the silence, not at
+// its own timeout (the socket transport's heard_ is one reading for both threads). The watcher
+// wrote it between calls, before this call's Driving handshake (libcomm/src/watch.cc).
 void ShmTransport::note_beats(std::chrono::steady_clock::time_point now) {
   if (options_.heartbeat_ms <= 0) return;
   for (size_t i = 0; i < peers_.size(); ++i) {
@@ -110,7 +114,8 @@ void ShmTransport::note_beats(std::chrono::steady_clock::time_point now) {
     const uint64_t count = p.lines->beat.value.load(std::memory_order_relaxed);
     if (count != p.beat_heard || p.beat_heard_at == std::chrono::steady_clock::time_point{}) {
       p.beat_heard = count;
-      p.beat_heard_at = now;
+      const bool seen_before = p.beat_seen == count && p.beat_seen_at != std::chrono::steady_clock::time_point{};
+      p.beat_heard_at = seen_before ? std::min(now, p.beat_seen_at) : now;
     }
   }
 }
@@ -125,13 +130,13 @@ int64_t ShmTransport::silent_ms(int peer) {
       .count();
 }
 
-Status ShmTransport::check_silent(int i) {
+Status ShmTransport::check_silent(int i, const OpTag& tag) {
   const int64_t silent = silent_ms(peers_[static_cast<size_t>(i)].rank);
   if (silent < 0 || silent < silence_limit_ms(options_.timeout_ms, options_.heartbeat_ms)) return Status::Ok();
   return Timeout(who(i) + " did not bump its heartbeat in shared memory (every " + std::to_string(options_.heartbeat_ms) +
                  " ms, COMM_HEARTBEAT_MS) for " + std::to_string(silent) + " ms (COMM_TIMEOUT_MS " +
                  std::to_string(options_.timeout_ms) + ") while rank " + std::to_string(rank()) + " waited on it in " +
-                 describe(tag_) + "; is it stopped (SIGSTOP, a debugger) or hung?");
+                 describe(tag) + "; is it stopped (SIGSTOP, a debugger) or hung?");
 }
 
 int ShmTransport::local_of(int r) const {

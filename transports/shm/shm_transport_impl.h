@@ -175,9 +175,9 @@ class ShmTransport final : public Transport, public LocalAccess {
   }
   Status check_alive(int i, const std::string& during);
   // In a wait's slow path (after note_beats): the awaited local peer's beat counter still for the
-  // silence limit, also since before this wait began (local_access.cc; the socket transport's
-  // silent_awaited says why).
-  Status check_silent(int i);
+  // silence limit, also since before this wait began (the one-sided waits in local_access.cc and
+  // the request waits' request_stuck; the socket transport's silent_awaited says why).
+  Status check_silent(int i, const OpTag& tag);
   // lost_peers and closed_peers: a process gone, a peer idle detection convicted of silence, and
   // (judge_silence, on a transport that has not failed) a beat counter still for the silence limit.
   void find_lost(std::vector<int>* out, bool judge_silence);
