@@ -4,14 +4,15 @@ namespace, with the job's environment, RANK being the slot), and it keeps the sl
 `comm-run --replace-failed` does for a local job (tools/comm-run/launcher.cc, replace_excluded):
 
 - it starts examples/fault_tolerant_train.py, then acts on the exclusions the ranks'
-  comm_agree_failed records in the job store (libcomm/src/grow.h: job/exclusions and
+  comm_agree_failed (and the members' comm_exclude of a joiner whose admission they undid) record
+  in the job store (libcomm/src/grow.h: job/exclusions and
   job/exclusion/<n>, "<slot> <generation>"): a record about the process it runs now (the
   generation, which counts the replacements started in the slot) brings a replacement with
   COMM_JOIN=1 in the same namespace and environment; a process still alive (stopped) is
   SIGKILLed first, so that a slot never holds two processes; a replacement that dies before the
   members admitted it (job/slot/<slot>/joins, the admissions, still below the replacements
   started) is started again, since no member can exclude it; so is a process that no record named
-  within RECORD_WAIT_S of its exit (a joiner whose admission the members undid);
+  within RECORD_WAIT_S of its exit (a record the store did not take);
 - comm-run cannot do this here: it serves its store on 127.0.0.1 of its own namespace, which the
   netsim hosts cannot reach. The store is the job's file:// directory instead (it outlives every
   rank), read here as libcomm's file store writes it (libcomm/base/store/file_store.cc: one file

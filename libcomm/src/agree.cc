@@ -165,7 +165,7 @@ Status decide(comm_t c, Store& store, int my_flag, std::vector<int>* mine, std::
   *verdict = quorum ? "OK " + rank_list_bracketed(failed) + kFlagMark + std::to_string(flag)
                     : "NOQUORUM " + rank_list_bracketed(alive);
   // For the launcher (comm-run --replace-failed), before the verdict: it replaces the excluded.
-  if (quorum && !failed.empty()) grow::record_exclusions(c, failed);
+  if (quorum && !failed.empty()) (void)grow::record_exclusions(c, failed);  // logged; the verdict stands
   return store.set("verdict", *verdict);
 }
 

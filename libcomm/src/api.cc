@@ -186,6 +186,28 @@ COMM_API comm_status_t comm_agree(comm_t c, int* flag, int* failed, int capacity
   return agree_call("comm_agree", c, flag, failed, capacity, n_failed);
 }
 
+COMM_API comm_status_t comm_exclude(comm_t c, const int* ranks, int n) {
+  return comm::guarded("comm_exclude", [&]() -> Status {
+    if (c == nullptr) return comm::InvalidArgument("comm_exclude: NULL communicator");
+    if (n < 1 || n > c->size - 1 || ranks == nullptr)
+      return comm::InvalidArgument("comm_exclude: " + std::to_string(n) + " ranks (" + (ranks ? "" : "NULL, ") +
+                                   "must be 1.." + std::to_string(c->size - 1) + ", never this rank)");
+    std::vector<bool> named(static_cast<size_t>(c->size), false);
+    for (int i = 0; i < n; ++i) {
+      const int r = ranks[i];
+      if (r < 0 || r >= c->size || r == c->rank || named[static_cast<size_t>(r)])
+        return comm::InvalidArgument("comm_exclude: rank " + std::to_string(r) + " (element " + std::to_string(i) +
+                                     ") is " + (r < 0 || r >= c->size ? "out of range 0.." + std::to_string(c->size - 1)
+                                                : r == c->rank ? "this rank" : "named twice") +
+                                     "; nothing recorded");
+      named[static_cast<size_t>(r)] = true;
+    }
+    if (!c->job_store) return comm::Unavailable("comm_exclude: this communicator has no job store");
+    Status st = comm::grow::record_exclusions(c, std::vector<int>(ranks, ranks + n));
+    return st.ok() ? st : st.prefixed("comm_exclude, rank " + std::to_string(c->rank) + ": ");
+  });
+}
+
 COMM_API comm_status_t comm_grow(comm_t c, int n_join, comm_t* out) {
   return comm::guarded("comm_grow", [&]() -> Status {
     if (c == nullptr || out == nullptr) return comm::InvalidArgument("comm_grow: NULL communicator or output pointer");

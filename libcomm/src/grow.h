@@ -72,8 +72,9 @@ uint64_t host_hash();
 std::unique_ptr<comm_s> make_grown(const Answer& a, const CommSettings& settings, std::shared_ptr<Store> store);
 
 // Records the world ranks comm_agree_failed excluded, for the launcher (agree.cc calls it
-// where it decides, before its verdict). Best effort: the agreement does not depend on it.
-void record_exclusions(comm_t c, const std::vector<int>& failed);
+// where it decides, before its verdict; best effort: the agreement does not depend on it), and
+// those comm_exclude names (api.cc).
+Status record_exclusions(comm_t c, const std::vector<int>& failed);  // the first failure, also logged
 // A comm_grow that failed after its decision (payload: describe()'s, in grow.cc): the joiners it
 // counted into their slots are members of nothing, so each is recorded as excluded, or no launcher
 // would ever replace it (docs/design/core.md, "Growing a communicator").

@@ -105,16 +105,17 @@ Status record_exclusion(Store& store, int world) {
 
 }  // namespace
 
-void record_exclusions(comm_t c, const std::vector<int>& failed) {
+Status record_exclusions(comm_t c, const std::vector<int>& failed) {
   for (int r : failed) {
     const int world = c->world_ranks[static_cast<size_t>(r)];
     Status st = record_exclusion(*c->job_store, world);
     if (!st.ok()) {
       COMM_WARN(kInit, "rank %d, comm %s: could not record the exclusion of world rank %d for the launcher: %s",
                 c->rank, c->id.c_str(), world, st.message().c_str());
-      return;
+      return st;
     }
   }
+  return Status::Ok();
 }
 
 void record_failed_joiners(Store& store, const std::string& payload) {

@@ -92,6 +92,7 @@ _PROTOTYPES = {
     "comm_shrink": [c_comm, ctypes.POINTER(_int), _int, ctypes.POINTER(c_comm)],
     "comm_agree_failed": [c_comm, ctypes.POINTER(_int), _int, ctypes.POINTER(_int)],
     "comm_agree": [c_comm, ctypes.POINTER(_int), ctypes.POINTER(_int), _int, ctypes.POINTER(_int)],
+    "comm_exclude": [c_comm, ctypes.POINTER(_int), _int],
     "comm_grow": [c_comm, _int, ctypes.POINTER(c_comm)],
     "comm_abort": [c_comm],
     "comm_destroy": [c_comm],
@@ -127,9 +128,9 @@ _PROTOTYPES = {
 }
 
 
-# Since ABI 1.6 to 1.10: bound when the library has them (an older one still loads; calling them raises).
+# Since ABI 1.6 to 1.11: bound when the library has them (an older one still loads; calling them raises).
 _NEWER = {"comm_barrier_monitored", "comm_recv_any", "comm_irecv_any", "comm_agree_failed", "comm_grow",
-          "comm_agree"}
+          "comm_agree", "comm_exclude"}
 
 
 def _bind(lib):

@@ -175,6 +175,15 @@ class Communicator:
               f"comm_agree (rank {self.rank})")
         return value.value, [failed[i] for i in range(min(n.value, self.size))]
 
+    def exclude(self, ranks):
+        """Records in the job store that these ranks leave the job (comm_exclude): a launcher that
+        serves the store (comm-run --replace-failed) SIGKILLs each one that still runs and starts
+        its replacement. For the members of a grow whose admission they undo. Local; works on a
+        broken communicator; several ranks may name the same process."""
+        named = [int(r) for r in ranks]
+        arr = (ctypes.c_int * max(1, len(named)))(*named)
+        check(lib.comm_exclude(self._live(), arr, len(named)), f"comm_exclude (rank {self.rank})")
+
     def shrink(self, exclude=None):
         """ncclCommShrink: the ranks not in `exclude` (every one of them passing the same list)
         make a new communicator, renumbered densely in their old order. Works on a communicator

@@ -418,8 +418,9 @@ class FaultTolerance:
         # majority away): the admission stands only when every live member completed it and no
         # member failed. Else every member undoes it, and the failure, the next step's, is
         # recovered from on the communicator of before. A joiner whose admission is undone fails
-        # its next collective and stops (it could not hold a majority alone); the launcher starts
-        # another (tools/comm-run/launcher.cc, restart_unadmitted).
+        # its next collective and stops (it could not hold a majority alone); the members record
+        # its exclusion (_undo_grow), so the launcher kills it if it still runs (stopped meanwhile,
+        # it would hold its slot forever) and starts another (tools/comm-run/launcher.cc).
         completed, failed = self._agree(old, flag=int(failure is None))
         if completed != 1 or failed:
             self._undo_grow(old, owned, new)
@@ -448,6 +449,11 @@ class FaultTolerance:
         forward may admit a replacement again."""
         ddp = self.ddp
         self._teardown()  # the engine and duplicates made on the grown communicator, if any
+        try:
+            new.exclude(range(old.size, new.size))  # the joiners (comm_exclude): every member names them
+        except errors.CommError as e:  # the launcher's wait (restart_unadmitted) is then the fallback
+            warnings.warn(self._where() + f"could not record the undone joiners for the launcher: {e}",
+                          RuntimeWarning)
         for end in (new.abort, new.destroy):
             try:
                 end()

@@ -1,7 +1,13 @@
 // The ABI's versions: comm_get_version, and what each minor version added, declared, exported
 // and refusing bad input (1.7 receives from any rank, 1.8 the agreement on failed ranks, 1.9
-// comm_grow, 1.10 comm_agree's flag). The processes that use them: test_agree_processes.cc,
-// test_grow_processes.cc.
+// comm_grow, 1.10 comm_agree's flag, 1.11 comm_exclude). The processes that use them:
+// test_agree_processes.cc, test_grow_processes.cc, tests/python/test_fault_tolerant.py.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -157,4 +163,48 @@ TEST_CASE("ABI 1.9: comm_grow: bad input is refused; with nobody waiting COMM_GR
     CHECK(s.after.status == COMM_OK);
     CHECK(s.after.sum == 6);
   }
+}
+
+namespace {
+std::string file_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+}  // namespace
+
+// The record a launcher reads (libcomm/src/grow.h: job/exclusions counts them, job/exclusion/<n>
+// is "<world rank> <generation>"), read here as the file store writes them (one file per key,
+// "%XX" for '/': libcomm/base/store/file_store.cc), as bench/chaos_slot.py reads them.
+TEST_CASE("ABI 1.11: comm_exclude: bad input is refused and records nothing; two members naming one joiner record "
+          "it once, for the launcher", "[lifecycle]") {
+  STATIC_REQUIRE(COMM_ABI_VERSION_MINOR >= 11);
+  const int one = 1;
+  CHECK(comm_exclude(nullptr, &one, 1) == COMM_ERR_INVALID_ARGUMENT);
+  char pattern[] = "/tmp/comm-exclude-XXXXXX";
+  REQUIRE(mkdtemp(pattern) != nullptr);
+  const std::string dir = pattern, method = "file://" + dir;
+  const int n = 3;
+  Ranks ranks = init_ranks(n, "exclude", 20000, [&](int, comm_config_t& cfg) { cfg.init_method = method.c_str(); });
+  REQUIRE(ranks.all_ok());
+  comm_t c0 = ranks.comms[0];
+  const int self = 0, outside = 3, negative = -1, twice[2] = {2, 2}, all[3] = {1, 2, 0};
+  CHECK(comm_exclude(c0, &one, 0) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_exclude(c0, nullptr, 1) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_exclude(c0, all, 3) == COMM_ERR_INVALID_ARGUMENT);  // as many as the communicator
+  CHECK(comm_exclude(c0, &self, 1) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_exclude(c0, &outside, 1) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_exclude(c0, &negative, 1) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(comm_exclude(c0, twice, 2) == COMM_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(comm_last_error(c0)).find("named twice") != std::string::npos);
+  const std::string count_file = dir + "/kjob%2Fexclusions";
+  CHECK(!std::filesystem::exists(count_file));  // nothing recorded by a refused call
+  const int joiner = 2;
+  CHECK(comm_exclude(c0, &joiner, 1) == COMM_OK);
+  CHECK(comm_exclude(ranks.comms[1], &joiner, 1) == COMM_OK);  // the same process: recorded once
+  CHECK(file_text(count_file) == "1");
+  CHECK(file_text(dir + "/kjob%2Fexclusion%2F1") == "2 0");  // world rank 2, its first process
+  destroy_ranks(ranks.comms);
+  std::filesystem::remove_all(dir);
 }

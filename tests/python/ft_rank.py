@@ -12,10 +12,14 @@ after the repair's broadcast, so the repair cannot fix it. FT_KILL_AT_JOIN=R: th
 as R SIGKILLs itself when a grow admitting a joiner has returned, before the first collective on the
 grown communicator (a member lost during the admission at the step boundary). FT_SPLIT_AT_JOIN=R:
 the member that starts as R fails its admission after it completed the state exchange (as a member
-whose exchange's last message a death overtook, while the others completed theirs: chaos run 5)."""
+whose exchange's last message a death overtook, while the others completed theirs: chaos run 5).
+FT_STOP_JOINER_ONCE=PATH: the first joiner (the one that finds no PATH, and creates it) SIGSTOPs
+itself after its state exchange, before the members' decision (a joiner stopped while its admission
+is undone, which never exits: only an exclusion record frees its slot)."""
 
 import json
 import os
+import signal
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,6 +127,25 @@ def split_at_join(rank):
     FaultTolerance._exchange_state = exchange_state
 
 
+def stop_joiner_once(path):
+    """FT_STOP_JOINER_ONCE: the first joiner stops itself before the members' decision."""
+    if os.environ.get("COMM_JOIN") != "1":
+        return
+    original = FaultTolerance._exchange_state
+
+    def exchange_state(self):
+        out = original(self)
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return out
+        print(f"# [{os.environ['RANK']}] test fault: this joiner stops itself (SIGSTOP) before the decision",
+              flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return out
+    FaultTolerance._exchange_state = exchange_state
+
+
 def refusals():
     import torch
     from libcomm.comm_hooks import PowerSGDState, allreduce_hook, powerSGD_hook
@@ -174,6 +197,8 @@ if __name__ == "__main__":
         kill_at_join(int(os.environ["FT_KILL_AT_JOIN"]))
     if os.environ.get("FT_SPLIT_AT_JOIN"):
         split_at_join(int(os.environ["FT_SPLIT_AT_JOIN"]))
+    if os.environ.get("FT_STOP_JOINER_ONCE"):
+        stop_joiner_once(os.environ["FT_STOP_JOINER_ONCE"])
     if os.environ.get("FT_DDP_KW") or os.environ.get("FT_HOOK"):
         from libcomm import comm_hooks, torch_ddp
         plain, kw = torch_ddp.DistributedDataParallel, json.loads(os.environ.get("FT_DDP_KW") or "{}")

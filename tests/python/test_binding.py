@@ -257,6 +257,7 @@ def bad_input_raises_invalid_argument_and_leaves_comm_usable(comm):
     ro = np.ones(8, np.float32)
     ro.flags.writeable = False
     expect_raises(libcomm.InvalidArgumentError, comm.allreduce, ro, contains=("read-only",))
+    expect_raises(libcomm.InvalidArgumentError, comm.exclude, [comm.rank], contains=("comm_exclude", "this rank"))
     # Nothing moved: the communicator still agrees across ranks.
     assert list(comm.allreduce(np.ones(2, np.int64))) == [comm.size] * 2
 

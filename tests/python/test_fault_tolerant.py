@@ -36,7 +36,11 @@ the members' agreement on the admission undoes it on all three, which recover on
 of before and end equal; the abandoned replacement stops.
 
 split-comm-run COMM_RUN: the same under comm-run --replace-failed, which replaces the abandoned
-replacement (no agreement names it) 3 s after it stopped; the job ends on 4 equal ranks.
+replacement on the members' record of it (comm_exclude); the job ends on 4 equal ranks.
+
+split-comm-run-stopped COMM_RUN: the same, but the abandoned replacement is SIGSTOPped before the
+decision (ft_rank.py's FT_STOP_JOINER_ONCE): it never exits, so only the record frees its slot;
+comm-run SIGKILLs it and starts another.
 
 refuse: 2 ranks; overlap_forward, a comm hook with state (PowerSGD), join() and a forward after
 an uncommitted step are refused with fault_tolerant=True (ft_rank.py's FT_REFUSE).
@@ -48,7 +52,7 @@ check (ft_rank.py's FT_CORRUPT); once: repaired from rank 0, every process warns
 end bitwise equal; always: the repair cannot fix it, every process stops naming rank 1, no loop.
 
 usage: test_fault_tolerant.py kill|kill-options auto|socket N | vote | stop auto|socket | join auto|socket | kill-during-join |
-split-at-join | split-comm-run COMM_RUN | refuse |
+split-at-join | split-comm-run[-stopped] COMM_RUN | refuse |
 repair once|always"""
 
 import json
@@ -374,15 +378,19 @@ def split_at_join_test():
     check(codes, lines, [0, 1, 3], 30, 2)
 
 
-def split_under_comm_run(comm_run):
+def split_under_comm_run(comm_run, stop_joiner=False):
     """split-at-join under comm-run --replace-failed: rank 2 dies at step 6, comm-run starts its
-    replacement, member 0's admission of it fails after the exchange, and the members undo it.
-    No agreement names the abandoned replacement, which stops: comm-run starts another once no
-    exclusion named it within 3 s (tools/comm-run/launcher.cc, restart_unadmitted), which joins;
-    the job ends on 4 ranks, equal, and comm-run exits 0."""
+    replacement, member 0's admission of it fails after the exchange, and the members undo it and
+    record its exclusion (comm_exclude, python/libcomm/fault_tolerance.py, _undo_grow): comm-run
+    starts another (SIGKILLing first the abandoned one if it still runs: stop_joiner, stopped
+    before the decision, never exits), which joins; the job ends on 4 ranks, equal, and comm-run
+    exits 0. Without the record the stopped one held its slot until comm-run's own timeout."""
     args = ["--steps", "20", "--until-size", "4", "--step-sleep", "0.05", "--kill-rank", "2", "--kill-step", "6",
             "--max-steps", "200"]
     env = dict(os.environ, FT_SPLIT_AT_JOIN="0", COMM_TIMEOUT_MS=os.environ.get("FT_TIMEOUT_MS", "10000"))
+    if stop_joiner:
+        marker = os.path.join(tempfile.mkdtemp(prefix="ft-stop-joiner-"), "stopped")
+        env["FT_STOP_JOINER_ONCE"] = marker
     try:
         run = subprocess.run([comm_run, "-n", "4", "--bind", "none", "--replace-failed", "--timeout-s", "150", "--",
                               PY, RANK_SCRIPT] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -390,20 +398,27 @@ def split_under_comm_run(comm_run):
     except subprocess.TimeoutExpired as e:
         sys.exit(f"FAIL: comm-run hung:\n{e.output}")
     out = run.stdout
+    if stop_joiner:
+        shutil.rmtree(os.path.dirname(marker), ignore_errors=True)
     finals = re.findall(r"\[\d+\] final step (\d+) params ([0-9a-f]{64})", out)
     bad = []
     if run.returncode != 0:
         bad.append(f"comm-run exited {run.returncode}")
     if "test fault: admission failed here after the exchange" not in out:
         bad.append("member 0 never failed an admission")
-    if "no exclusion named it within 3 s" not in out:
-        bad.append("comm-run did not replace the abandoned replacement")
+    if "rank 2 was excluded by the others" not in out.split("admission failed here after the exchange", 1)[-1]:
+        bad.append("comm-run did not replace the abandoned replacement on the members' record")
+    if stop_joiner and "this joiner stops itself" not in out:
+        bad.append("the joiner never stopped itself")
+    if stop_joiner and "rank 2 was excluded by the others but still runs (stopped?): SIGKILL" not in out:
+        bad.append("comm-run did not SIGKILL the stopped joiner")
     if len(finals) != 4 or len(set(finals)) != 1:
         bad.append(f"not 4 equal final lines: {finals}")
     if bad:
         print(out[-6000:])
         sys.exit("FAIL: " + "; ".join(bad))
-    print(f"ok: the abandoned replacement was replaced; 4 ranks ended at step {finals[0][0]}, equal")
+    print(f"ok: the abandoned replacement{' (stopped)' if stop_joiner else ''} was replaced; 4 ranks ended at "
+          f"step {finals[0][0]}, equal")
 
 
 def refuse_test():
@@ -433,6 +448,8 @@ def main():
         split_at_join_test()
     elif what == "split-comm-run":
         split_under_comm_run(sys.argv[2])
+    elif what == "split-comm-run-stopped":
+        split_under_comm_run(sys.argv[2], stop_joiner=True)
     elif what == "refuse":
         refuse_test()
     elif what == "repair":

@@ -205,12 +205,14 @@ void Launcher::supervise(int sfd, double deadline) {
 void Launcher::restart_unadmitted() {
   constexpr int kMaxRestarts = 3;  // a replacement that cannot start at all must not loop forever
   // A member's exclusion comes within the agreement (about a second after a death; a timeout
-  // when another rank is stopped meanwhile). A process that exited and that no record named by
-  // then was never excluded: a joiner whose admission the members undid when one of them failed
-  // during it (python/libcomm/fault_tolerance.py, _grow) stops on its own, and the slot would
-  // stay empty. Replacing it after this wait is safe even if a record comes later: a record
-  // names the generation of the slot's last admission, and the replacement started now is
-  // admitted only at a step boundary after that agreement (grow_records.cc).
+  // when another rank is stopped meanwhile), and a joiner whose admission the members undid is
+  // named by them (comm_exclude, python/libcomm/fault_tolerance.py, _undo_grow). A process that
+  // exited and that no record named by then was never excluded: an undoing member's record that
+  // could not be written (the store did not answer), or a trainer that undoes admissions without
+  // comm_exclude; without this the slot would stay empty. Replacing it after this wait is safe
+  // even if a record comes later: a record names the generation of the slot's last admission,
+  // and the replacement started now is admitted only at a step boundary after that agreement
+  // (grow_records.cc).
   constexpr double kRecordWaitS = 3.0;
   if (rank_finished_ || running_ == 0) return;
   for (size_t i = 0; i < ranks_.size(); ++i) {

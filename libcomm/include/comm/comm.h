@@ -23,13 +23,13 @@ extern "C" {
 #endif
 
 #define COMM_ABI_VERSION_MAJOR 1
-#define COMM_ABI_VERSION_MINOR 10 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
+#define COMM_ABI_VERSION_MINOR 11 /* 1: comm_get_version_string; 2: comm_engine_set_reduce_hook; 3: comm_engine_wait,
                                     comm_engine_set_priority, comm_dump_flight_recorder, engine config and stats v2;
                                     4: comm_shrink; 5: comm_engine_test; 6: comm_barrier_monitored;
                                     7: COMM_ANY_SOURCE, comm_recv_any, comm_irecv_any;
                                     8: comm_agree_failed, COMM_SHRINK_AGREE;
                                     9: comm_grow, COMM_GROW_WAITING, joining with COMM_JOIN=1;
-                                    10: comm_agree */
+                                    10: comm_agree; 11: comm_exclude */
 
 typedef enum {
   COMM_OK = 0,
@@ -146,6 +146,17 @@ COMM_API comm_status_t comm_agree_failed(comm_t comm, int* failed, int capacity,
  * result is 1 with no rank failed. A rank that calls comm_agree_failed where the others call
  * comm_agree takes part with flag 0. */
 COMM_API comm_status_t comm_agree(comm_t comm, int* flag, int* failed, int capacity, int* n_failed);
+/* Since ABI 1.11: records in the job store that these ranks of comm leave the job, as
+ * comm_agree_failed records the ranks it agrees failed: a launcher that serves the store
+ * (comm-run --replace-failed) SIGKILLs such a process if it still runs (stopped, cut off) and
+ * starts its replacement with COMM_JOIN=1. For the members of a comm_grow whose admission they
+ * undo (the joiners, ranks size.. of the grown communicator, may be alive, stopped or dead).
+ * Local to this rank, no communication; comm may be broken. Several ranks may name the same
+ * process: it is recorded once. Errors: COMM_ERR_INVALID_ARGUMENT for n outside 1..size-1, a
+ * rank out of range, twice or this rank (nothing recorded); COMM_ERR_UNAVAILABLE (or the
+ * store's error) when the job store does not answer. docs/design/core.md, "Growing a
+ * communicator". */
+COMM_API comm_status_t comm_exclude(comm_t comm, const int* ranks, int n);
 /* comm_shrink(comm, NULL, COMM_SHRINK_AGREE, &new_comm): the failed ranks left to the library
  * (comm_agree_failed, then comm_shrink with its set). Since ABI 1.8. */
 #define COMM_SHRINK_AGREE (-1)
