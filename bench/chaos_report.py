@@ -130,20 +130,25 @@ def summarize(rundir, n, steps, seed, events, hung, wall, band, index, shape):
     fl = final_loss.get(at_end[0]) if at_end else None
     in_band = None
     outside = None  # logged steps whose held-out loss is outside the band (the curve)
+    own_seed = None  # % from the same seed's failure-free final loss, where the band has it
     if band and fl is not None:
         in_band = band["final"][0] <= fl <= band["final"][1]
+        if str(seed) in band.get("by_seed", {}):
+            ref = band["by_seed"][str(seed)]
+            own_seed = 100.0 * (fl - ref) / ref
         limits = {int(k): v for k, v in band["curve"].items()}
         outside = sum(1 for st, v in curve.items() if st in limits and not limits[st][0] <= v <= limits[st][1])
     special = "; ".join(f"{e['kind']} slot {e['slot']} ({e['note']})" for e in events if e["kind"] != "kill" and e["note"])
     joiner_fates = {f"{s}.{k}": slot_exit(rundir, s, k) for (s, k) in procs if k > 0 and (s, k) not in joins}
     row = {"run": index, "shape": shape, "seed": seed, "events": events, "steps_done": min(done) if done else 0,
            "steps": steps, "ranks_at_end": len(at_end), "n": n, "equal": equal, "redone": len(redone),
-           "hung": hung, "lost_kill": kill_lost, "lost_stop": stop_lost, "final_loss": fl, "in_band": in_band,
+           "hung": hung, "lost_kill": kill_lost, "lost_stop": stop_lost, "final_loss": fl, "in_band": in_band, "own_seed_pct": own_seed,
            "curve": curve, "steps_outside_band": outside, "median_step_s": median, "wall_s": wall, "dir": rundir, "special": special,
            "unadmitted_joiners": joiner_fates}
     row["ok"] = (not hung and equal and row["steps_done"] == steps and len(at_end) == n and in_band is not False)
     fmt = lambda v: ",".join(f"{x:.2f}" for x in v) or "-"  # noqa: E731
     band_text = (f"{fl:.4f} ({'in' if in_band else 'OUT' if in_band is False else '?'}"
+                 + (f", {own_seed:+.2f} % from its seed's" if own_seed is not None else "")
                  + (f", curve outside at {outside} of {len(curve)} steps" if outside is not None else "") + ")"
                  if fl is not None else "-")
     evs = " ".join("{}@{:.0f}s:s{}".format(e["kind"], e["rel"], e["slot"]) for e in events) or "-"
@@ -173,11 +178,13 @@ def lost(r):
 
 
 def band(rows):
-    """The failure-free band: min-max of the held-out loss at each logged step and at the end."""
+    """The failure-free band: min-max of the held-out loss at each logged step and at the end, and
+    each seed's final loss (a chaos run of that seed is also held against its own seed's)."""
     rows = [dict(r, curve={int(k): v for k, v in r["curve"].items()}) for r in rows]  # JSON keys are text
     steps = set.intersection(*(set(r["curve"]) for r in rows))
     return {"seeds": [r["seed"] for r in rows], "final": [min(r["final_loss"] for r in rows),
                                                           max(r["final_loss"] for r in rows)],
+            "by_seed": {str(r["seed"]): r["final_loss"] for r in rows},
             "curve": {s: [min(r["curve"][s] for r in rows), max(r["curve"][s] for r in rows)] for s in sorted(steps)}}
 
 
@@ -197,6 +204,10 @@ def summary(paths, timeout_s=10.0):
           f"{sum(r['ranks_at_end'] == r['n'] for r in rows)}, params bitwise equal {sum(r['equal'] for r in rows)}, "
           f"hangs {sum(r['hung'] for r in rows)}, final loss in band {sum(bool(r['in_band']) for r in rows)}, "
           f"steps redone {spread([r['redone'] for r in rows])}")
+    own = [r["own_seed_pct"] for r in rows if r.get("own_seed_pct") is not None]
+    if own:  # the band's edge seeds put a run outside however small its deviation: this says how small
+        print(f"final loss against the same seed's failure-free run (%, min / median / max): {spread(own)}; "
+              f"within 0.5 %: {sum(abs(x) <= 0.5 for x in own)} of {len(own)}")
     for name, rs in (("SIGKILL", kills), ("SIGSTOP", stops)):
         # Issue 35's bounds: a SIGKILL 3 s plus the state transfer, a SIGSTOP COMM_TIMEOUT_MS + 3 s.
         bound = (lambda r: 3 + r.get("state", 0)) if name == "SIGKILL" else (lambda r: timeout_s + 3)
