@@ -21,8 +21,19 @@ per run, the wall time against runs without kills.
 
     /usr/bin/python3 bench/torchrun_restart_anchor.py --runs 3 --free-runs 2
 
+With --hosts H, the same job on H netsim hosts (tools/netsim/netsim: network namespaces joined by a
+bridge, --rate links; chaos_train.py's setting), one torchrun agent per host, --ranks-per-host
+workers each (c10d rendezvous on host 0's address, which hosts the rendezvous store; the workers'
+gloo on eth0). Torch 1.13's agents publish their host name as the workers' MASTER_ADDR, which
+every namespace resolves to itself, so rank 0 writes its host's address in the run's directory
+under the round's MASTER_PORT, and the other workers take it from there (meet_rank0).
+Needs root (netsim).
+
+    sudo /usr/bin/python3 bench/torchrun_restart_anchor.py --hosts 4 --runs 3 --free-runs 1
+
 Rank 0 logs its progress to a file (one line a step, with CLOCK_MONOTONIC, which every process
-of the host shares), so torchrun's own output is not parsed. Run with /usr/bin/python3 (torch).
+of the host shares, and every netsim host too), so torchrun's own output is not parsed. Run with
+/usr/bin/python3 (torch).
 """
 
 import time
@@ -32,6 +43,7 @@ T_PROCESS = time.monotonic()  # before the imports: a restarted worker's start, 
 import argparse  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import shlex  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
@@ -42,6 +54,7 @@ import tempfile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
+NETSIM = os.path.join(HERE, "..", "tools", "netsim", "netsim")
 
 
 def log(rundir, line):
@@ -72,6 +85,33 @@ def mlp(width, depth, inputs, outputs):
     return torch.nn.Sequential(*layers)
 
 
+def meet_rank0(rundir, rank):
+    """netsim hosts (the module docstring): rank 0 writes its host's address under this round's key,
+    the MASTER_PORT its agent picked at the rendezvous, and the others take it for MASTER_ADDR.
+    Returns the round's number, the same on every rank (an agent that restarts because another
+    host's worker failed does not count a restart: TORCHELASTIC_RESTART_COUNT differs by host)."""
+    import glob
+    import json
+    key = os.path.join(rundir, "master." + os.environ["MASTER_PORT"])
+    if rank == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the address that reaches host 0
+            s.connect((os.environ["ANCHOR_MASTER_ADDR"], 9))
+            addr = s.getsockname()[0]
+        round_no = len(glob.glob(os.path.join(rundir, "master.*")))
+        with open(key + ".tmp", "w") as f:
+            json.dump({"addr": addr, "round": round_no}, f)
+        os.replace(key + ".tmp", key)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(key):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"anchor: rank {rank}: rank 0 wrote no address under {key} within 60 s")
+        time.sleep(0.05)
+    with open(key) as f:
+        met = json.load(f)
+    os.environ["MASTER_ADDR"] = met["addr"]
+    return met["round"]
+
+
 def worker(args):
     """One rank under torchrun: plain torch DDP over gloo, resumed from the checkpoint if any."""
     from datetime import timedelta
@@ -82,6 +122,8 @@ def worker(args):
 
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank = int(os.environ["RANK"])
+    if os.environ.get("ANCHOR_MASTER_ADDR"):
+        attempt = meet_rank0(args.rundir, rank)
     with open(os.path.join(args.rundir, f"pid.{attempt}.{rank}"), "w") as f:
         f.write(str(os.getpid()))
     torch.set_num_threads(1)
@@ -143,10 +185,21 @@ def one_run(args, index, kills):
                    str(args.step_sleep), "--ckpt-every", str(args.ckpt_every), "--seed", str(index),
                    "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch)]
     # Debian's torchrun (torch 1.13, Python 3.11) needs --redirects 1 --tee 1 (tests/python/meson.build).
-    cmd = [PY, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(args.ranks),
-           "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "--rdzv_id", f"anchor{index}",
-           "--max_restarts", str(args.max_restarts), "--redirects", "1", "--tee", "1", "--log_dir", os.path.join(rundir, "logs"),
-           os.path.abspath(__file__)] + worker_args
+    def torchrun(nnodes, nproc, endpoint, logs):
+        return [PY, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
+                "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", f"anchor{index}",
+                "--max_restarts", str(args.max_restarts), "--redirects", "1", "--tee", "1", "--log_dir", logs,
+                os.path.abspath(__file__)] + worker_args
+    if args.hosts:
+        # One agent per netsim host; the shell reads netsim's MASTER_ADDR, MASTER_PORT and GROUP_RANK.
+        agent = " ".join(shlex.quote(a) for a in torchrun(args.hosts, args.ranks_per_host, "ENDPOINT", "LOGS"))
+        agent = agent.replace("ENDPOINT", '"$MASTER_ADDR:$MASTER_PORT"').replace("LOGS", shlex.quote(rundir) + '/logs-"$GROUP_RANK"')
+        agent = agent.replace("--rdzv_endpoint", '--rdzv_conf is_host="$([ "$GROUP_RANK" = 0 ] && echo 1 || echo 0)" --rdzv_endpoint')
+        script = 'ANCHOR_MASTER_ADDR="$MASTER_ADDR" GLOO_SOCKET_IFNAME=eth0 exec ' + agent
+        cmd = [NETSIM, "--hosts", str(args.hosts), "--rate", args.rate, "--port", str(29500 + index % 500), "--",
+               "/bin/sh", "-c", script]
+    else:
+        cmd = torchrun(1, args.ranks, f"127.0.0.1:{free_port()}", os.path.join(rundir, "logs"))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
     t_launch = time.monotonic()
     with open(os.path.join(rundir, "torchrun.log"), "w") as out:
@@ -155,10 +208,23 @@ def one_run(args, index, kills):
         events, hung = drive(args, kills, index, rundir, tr, t_launch)
     finally:
         if tr.poll() is None:  # the driver failed or was interrupted: no torchrun left behind
-            os.killpg(tr.pid, signal.SIGKILL)
-            tr.wait(timeout=60)
+            stop(tr, args.hosts)
     code = tr.wait()
     return summarize(args, index, rundir, events, code, hung, t_launch)
+
+
+def stop(tr, hosts):
+    """torchrun's session (the agent and its workers), or netsim, which on SIGINT stops the agents
+    and removes its namespaces (SIGKILL would leave them)."""
+    if hosts:
+        tr.send_signal(signal.SIGINT)
+        try:
+            tr.wait(timeout=60)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    os.killpg(tr.pid, signal.SIGKILL)
+    tr.wait(timeout=60)
 
 
 def drive(args, kills, index, rundir, tr, t_launch):
@@ -169,8 +235,7 @@ def drive(args, kills, index, rundir, tr, t_launch):
         now = time.monotonic()
         if now - t_launch > args.deadline_s:
             hung = True
-            os.killpg(tr.pid, signal.SIGKILL)  # its own session: the agent and its workers
-            tr.wait(timeout=60)
+            stop(tr, args.hosts)
             break
         steps = [r for r in read_progress(rundir) if r[0] == "step"]
         if back_to is not None and steps and steps[-1][1] > events[-1]["attempt"] and steps[-1][2] >= back_to:
@@ -179,7 +244,7 @@ def drive(args, kills, index, rundir, tr, t_launch):
             next_at = steps[0][3] + args.kill_every * rng.uniform(0.7, 1.3)
         if next_at is not None and now >= next_at and len(events) < args.max_kills and steps[-1][2] < args.steps:
             attempt = steps[-1][1]
-            victim = rng.randrange(args.ranks)
+            victim = rng.randrange(args.hosts * args.ranks_per_host if args.hosts else args.ranks)
             try:
                 with open(os.path.join(rundir, f"pid.{attempt}.{victim}")) as f:
                     os.kill(int(f.read()), signal.SIGKILL)
@@ -234,7 +299,10 @@ def main():
     ap.add_argument("--rundir", help=argparse.SUPPRESS)
     ap.add_argument("--runs", type=int, default=3, help="runs with kills")
     ap.add_argument("--free-runs", type=int, default=1, help="runs without kills (the baseline)")
-    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--ranks", type=int, default=4, help="ranks on this host (without --hosts)")
+    ap.add_argument("--hosts", type=int, default=0, help="netsim hosts, one torchrun agent each (root)")
+    ap.add_argument("--ranks-per-host", type=int, default=1, help="workers per netsim host")
+    ap.add_argument("--rate", default="none", help="netsim's link rate (chaos_train.py's default: unshaped)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--step-sleep", type=float, default=0.1)
     ap.add_argument("--ckpt-every", type=int, default=25)
@@ -251,7 +319,9 @@ def main():
     args = ap.parse_args()
     if args.worker:
         return worker(args)
-    print(f"# torchrun anchor: {args.ranks} ranks on this host, torch DDP (gloo), {args.steps} steps, "
+    where = (f"{args.hosts} netsim hosts x {args.ranks_per_host} ranks ({args.rate} links)" if args.hosts else
+             f"{args.ranks} ranks on this host")
+    print(f"# torchrun anchor: {where}, torch DDP (gloo), {args.steps} steps, "
           f"--step-sleep {args.step_sleep}, checkpoint every {args.ckpt_every} steps, a SIGKILL every "
           f"~{args.kill_every:.0f} s of training (at most {args.max_kills}), --max-restarts {args.max_restarts}; load {os.getloadavg()[0]:.1f}", flush=True)
     print("| run | kills | steps | exit | per failure: rank@s reached->resumed, lost s (restart/import/init/redo) "
