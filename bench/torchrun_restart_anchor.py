@@ -185,16 +185,18 @@ def one_run(args, index, kills):
                    str(args.step_sleep), "--ckpt-every", str(args.ckpt_every), "--seed", str(index),
                    "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch)]
     # Debian's torchrun (torch 1.13, Python 3.11) needs --redirects 1 --tee 1 (tests/python/meson.build).
-    def torchrun(nnodes, nproc, endpoint, logs):
+    def torchrun(nnodes, nproc, endpoint, logs, conf=()):
         return [PY, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
-                "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", f"anchor{index}",
+                "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, *conf, "--rdzv_id", f"anchor{index}",
                 "--max_restarts", str(args.max_restarts), "--redirects", "1", "--tee", "1", "--log_dir", logs,
                 os.path.abspath(__file__)] + worker_args
     if args.hosts:
-        # One agent per netsim host; the shell reads netsim's MASTER_ADDR, MASTER_PORT and GROUP_RANK.
-        agent = " ".join(shlex.quote(a) for a in torchrun(args.hosts, args.ranks_per_host, "ENDPOINT", "LOGS"))
-        agent = agent.replace("ENDPOINT", '"$MASTER_ADDR:$MASTER_PORT"').replace("LOGS", shlex.quote(rundir) + '/logs-"$GROUP_RANK"')
-        agent = agent.replace("--rdzv_endpoint", '--rdzv_conf is_host="$([ "$GROUP_RANK" = 0 ] && echo 1 || echo 0)" --rdzv_endpoint')
+        # One agent per netsim host: these words are shell, expanding netsim's MASTER_ADDR, MASTER_PORT
+        # and GROUP_RANK in each host; every other word is quoted.
+        endpoint, logs = '"$MASTER_ADDR:$MASTER_PORT"', shlex.quote(rundir) + '/logs-"$GROUP_RANK"'
+        is_host = 'is_host="$([ "$GROUP_RANK" = 0 ] && echo 1 || echo 0)"'
+        argv = torchrun(args.hosts, args.ranks_per_host, endpoint, logs, conf=("--rdzv_conf", is_host))
+        agent = " ".join(a if a in (endpoint, logs, is_host) else shlex.quote(a) for a in argv)
         script = 'ANCHOR_MASTER_ADDR="$MASTER_ADDR" GLOO_SOCKET_IFNAME=eth0 exec ' + agent
         cmd = [NETSIM, "--hosts", str(args.hosts), "--rate", args.rate, "--port", str(29500 + index % 500), "--",
                "/bin/sh", "-c", script]
