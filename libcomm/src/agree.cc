@@ -8,8 +8,10 @@
 // in or is suspected by one that has (or the timeout passes), and publishes the verdict: the ranks
 // that did not check in failed. The others wait for the verdict; a rank the verdict names failed
 // (it checked in too late: stopped, cut off) is excluded for good. Only a strict majority of the
-// communicator carries on. A decider that fails before its verdict costs its round: the others
-// start the next round, whose decider is again ticket 1 there.
+// communicator carries on, and a verdict that carries on binds a rank only once at least half of
+// the communicator confirmed reading it. A decider that fails before its verdict costs its round:
+// the others start the next round, whose decider is again ticket 1 there; should it wake and
+// publish, too few confirm its verdict (they went on), and it is told it was excluded.
 //
 // comm_agree (ULFM's MPIX_Comm_agree with its flag) is the same agreement carrying each rank's
 // flag, written before its ticket: the verdict also gives the AND of the kept ranks' flags, so
@@ -45,6 +47,9 @@ constexpr int kWhoMs = 1000;  // a checked-in rank names its ticket right after 
 // decider's wait, instead of costing COMM_TIMEOUT_MS (docs/design/core.md, "Agreeing on the
 // failed ranks").
 constexpr auto kRefresh = std::chrono::milliseconds(100);
+// A rank that read a verdict looks this often for the others' confirmations (they read it the
+// moment it is written, so the wait is short; await_confirmations).
+constexpr auto kConfirmPoll = std::chrono::milliseconds(5);
 
 // The flags the ranks agree on (comm_agree): the bitwise AND over the ranks the verdict keeps.
 constexpr int kAllFlags = ~0;
@@ -134,6 +139,9 @@ Status decide(comm_t c, Store& store, int my_flag, std::vector<int>* mine, std::
   };
   Clock::time_point next_refresh = Clock::now() + kRefresh;
   for (;;) {
+    // After the deadline, one last look: a decider delayed past it (stopped, descheduled) judges
+    // the check-ins as they are when it goes on, not as a reply read before its delay showed them.
+    const bool last_look = deadline.expired();
     for (int r : *mine) suspected[static_cast<size_t>(r)] = true;
     int64_t tickets = 0;
     COMM_RETURN_IF_ERROR(store.add("tickets", 0, &tickets));
@@ -149,7 +157,7 @@ Status decide(comm_t c, Store& store, int my_flag, std::vector<int>* mine, std::
     }
     bool accounted = true;
     for (int r = 0; r < n; ++r) accounted = accounted && (in[static_cast<size_t>(r)] || suspected[static_cast<size_t>(r)]);
-    if (accounted || deadline.expired()) break;
+    if (accounted || last_look) break;
     std::this_thread::sleep_for(kPoll);
     if (Clock::now() >= next_refresh) {
       next_refresh = Clock::now() + kRefresh;
@@ -222,6 +230,30 @@ Status parse_verdict(const std::string& text, int n, Verdict* v) {
   v->flag = static_cast<int>(std::strtol(flag.c_str(), &end, 10));
   if (flag.empty() || *end != '\0') return InvalidArgument("malformed verdict \"" + text + "\": bad flag");
   return parse_set(text.substr(ok.size(), mark - ok.size()), n, &v->failed);
+}
+
+// A verdict that carries on binds this rank only once at least half of the communicator stands
+// behind it: each rank that reads it adds itself to `confirmed`, and a rank that timed out on the
+// verdict and went on to a later round never does. A later round's quorum needs a strict majority
+// of check-ins from ranks that did not confirm, so it and this verdict cannot both carry on. Without
+// this, a decider stopped past the others' verdict wait woke, published the round's verdict and
+// went on alone with it (docs/design/core.md, "Agreeing on the failed ranks"). Fails at once when
+// so many ranks went on that half can no longer confirm, else after `deadline`.
+Status await_confirmations(comm_t c, Store& round_store, const std::string& next_round, Deadline deadline,
+                           int* confirmed) {
+  const int n = c->size;
+  std::shared_ptr<Store> next = make_prefix_store(c->job_store, next_round);
+  int64_t count = 0, went_on = 0;
+  COMM_RETURN_IF_ERROR(round_store.add("confirmed", 1, &count));
+  for (;;) {
+    if (2 * count >= n) break;
+    COMM_RETURN_IF_ERROR(next->add("tickets", 0, &went_on));
+    if (2 * (n - went_on) < n || deadline.expired()) break;
+    std::this_thread::sleep_for(kConfirmPoll);
+    COMM_RETURN_IF_ERROR(round_store.add("confirmed", 0, &count));
+  }
+  *confirmed = static_cast<int>(count);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -311,6 +343,16 @@ Status agree_failed(comm_t c, std::vector<int>* failed, int* flag) {
                          "agreement, not a majority: this side stops, so that two sides of a split job never "
                          "both go on");
     }
+    int confirmed = 0;
+    st = await_confirmations(c, *store, base + "/r" + std::to_string(round + 1), Deadline::after_ms(verdict_ms),
+                             &confirmed);
+    if (!st.ok()) return unreachable(st);
+    if (2 * confirmed < n)
+      return RemoteError(where + "round " + std::to_string(round) + "'s verdict " + text + " was confirmed by " +
+                         std::to_string(confirmed) + " of " + std::to_string(n) + " ranks, fewer than half: the "
+                         "others went on to a later round without this rank (was it stopped, or cut off?); it is "
+                         "excluded from this communicator for good and cannot rejoin it: exit (a launcher may "
+                         "start a new process)");
     *failed = v.failed;
     if (flag) *flag = v.flag;
     return Status::Ok();

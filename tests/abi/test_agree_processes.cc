@@ -2,7 +2,8 @@
 // one set of failed ranks without being told, shrink to the rest and go on with right answers
 // (rank_worker.cc, mode agree). SIGKILL one rank; two at once; SIGSTOP one (it times out for
 // some ranks before others, and when it wakes it is told it was excluded); a rank killed during
-// the agreement; one killed after the others checked in (it must not cost the timeout); a side
+// the agreement; a decider stopped before its verdict and woken after the others went on; one
+// killed after the others checked in (it must not cost the timeout); a side
 // without a majority that must stop; and world rank 0 killed, whose process
 // serves the job store the agreement meets in (a clear error: docs/design/core.md, "Agreeing
 // on the failed ranks"). Over shared memory (abi-agree), sockets (-socket) and TLS (-tls). Only one
@@ -164,6 +165,50 @@ TEST_CASE("agree: a rank killed during the agreement (its decider when it can be
   std::vector<int> victims = {second, 4};
   std::sort(victims.begin(), victims.end());
   check_survivors_agree(procs, victims);
+}
+
+// The decider of the first round is SIGSTOPped before its verdict (it waits for world rank 0,
+// which comes late): the others wait out the verdict, agree without it in the next round, shrink
+// and go on. Woken, the decider publishes its round's verdict; it must not go on with it alone but
+// be told it was excluded, as a stopped rank that was no decider is (libcomm/src/agree.cc,
+// await_confirmations). If the stop came too late (the verdict was out), the run proves nothing
+// and fails its precondition rather than pass.
+TEST_CASE("agree: a decider stopped before its verdict and woken after the others went on is told it was excluded",
+          "[agree]") {
+  TempDir dir;
+  std::vector<Proc> procs = start(dir, 5, free_port(), {{"ABI_AGREE_LATE_MS", "2500"}});
+  REQUIRE(wait_for(procs, {4}, "ITER 10 ", 120000));
+  kill(procs[4].pid, SIGKILL);
+  int decider = -1;
+  const double t0 = now_ms();
+  while (decider < 0 && now_ms() - t0 < 2 * kTimeoutMs + 10000) {
+    for (int r = 1; r <= 3 && decider < 0; ++r)
+      if (procs[static_cast<size_t>(r)].output().find("comm_agree_failed decides round 0") != std::string::npos) {
+        kill(procs[static_cast<size_t>(r)].pid, SIGSTOP);
+        decider = r;
+      }
+    usleep(1000);
+  }
+  REQUIRE(decider > 0);
+  std::vector<int> survivors;
+  for (int r = 0; r <= 3; ++r)
+    if (r != decider) survivors.push_back(r);
+  const bool shrunk = wait_for(procs, survivors, "SHRINK 0 ", 120000);
+  kill(procs[static_cast<size_t>(decider)].pid, SIGCONT);
+  const bool ended = wait_all(procs, now_ms() + 120000);
+  INFO("decider: rank " << decider << "\n" << describe_all(procs));
+  for (int r : survivors)  // the precondition: nobody read round 0's verdict before the stop
+    REQUIRE(procs[static_cast<size_t>(r)].output().find("comm_agree_failed round 0: OK") == std::string::npos);
+  REQUIRE(shrunk);
+  REQUIRE(ended);
+  std::vector<int> victims = {decider, 4};
+  check_survivors_agree(procs, victims);
+  const std::string woken = procs[static_cast<size_t>(decider)].output();
+  CHECK(procs[static_cast<size_t>(decider)].exited_zero());
+  CHECK(line_after(woken, "AGREE ").value_or("missing").rfind(std::to_string(COMM_ERR_REMOTE) + " ", 0) == 0);
+  CHECK_THAT(line_after(woken, "MSG ").value_or(""), Catch::Contains("went on to a later round without this rank") &&
+                                                      Catch::Contains("cannot rejoin"));
+  CHECK(!line_after(woken, "FINAL ").has_value());
 }
 
 // A death the survivors' transports notice only after they checked in (the chaos runs of the
