@@ -176,6 +176,7 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
   }
   c->world_ranks.resize(static_cast<size_t>(c->size));
   for (int r = 0; r < c->size; ++r) c->world_ranks[static_cast<size_t>(r)] = r;
+  c->world_gens.assign(static_cast<size_t>(c->size), 0);
   COMM_RETURN_IF_ERROR(connect_transport(c.get()));
   c->early_listener.reset();  // not adopted (no transport that listens early after all): closed
   // The address tables are read: released before the barrier, so once rank 0 passes it every
@@ -221,6 +222,7 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
     renumber.emplace(h, static_cast<int>(renumber.size()));
     c->host_of.push_back(renumber[h]);
     c->world_ranks.push_back(parent->world_ranks[static_cast<size_t>(p)]);
+    c->world_gens.push_back(grow::generation_of(parent, p));
   }
   c->all_local = renumber.size() == 1;
   if (watched || parent->watch_setups) {

@@ -64,6 +64,11 @@ struct comm_s {
   bool all_local = false;  // every rank on this host (hostname, boot id, netns or COMM_HOST_ID)
   std::vector<int> host_of;      // every rank's host, numbered in order of each host's first rank
   std::vector<int> world_ranks;  // every rank's rank in the world communicator
+  // Every rank's admission into its world slot: the job store's count of admissions into that
+  // slot when a comm_grow admitted its process (grow.h, joins_key), 0 for the job's first
+  // processes. An exclusion record names it, so that a launcher acts on the process this
+  // communicator had there, never on a later one in the slot (grow_records.cc).
+  std::vector<int> world_gens;
   // The job's directly reachable memory on this host (comm_mem_alloc: the host-local transport's
   // arenas), shared by the world and every communicator derived from it; nullptr without local
   // peers or without a host-local transport.

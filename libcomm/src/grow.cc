@@ -152,8 +152,12 @@ Status describe(comm_t c, std::vector<Joiner>& joiners, std::string* payload) {
     used.insert(w);
     int64_t gen = 0;
     COMM_RETURN_IF_ERROR(store.add(joins_key(w), 1, &gen));
-    *payload += std::to_string(w) + " " + std::to_string(j.hello.host) + " " +
-                (j.hello.reach.empty() ? std::string("-") : j.hello.reach) + "\n";
+    DecidedJoiner d;
+    d.world = w;
+    d.gen = static_cast<int>(gen);
+    d.host = j.hello.host;
+    d.reach = j.hello.reach;
+    *payload += encode_decided(d) + "\n";
   }
   return Status::Ok();
 }
@@ -180,19 +184,20 @@ Status plan(comm_t c, const std::string& payload, const std::vector<uint64_t>& m
   a->id = c->id + ".g" + std::to_string(++c->children);
   a->local_transport_usable = c->local_transport_usable;
   a->world_ranks = c->world_ranks;
+  for (int r = 0; r < c->size; ++r) a->world_gens.push_back(generation_of(c, r));
   std::vector<uint64_t> hosts = member_hosts;
   std::vector<std::string> addrs = c->world_addrs ? *c->world_addrs : std::vector<std::string>();
   addrs.resize(static_cast<size_t>(c->size) > addrs.size() ? static_cast<size_t>(c->size) : addrs.size());
   for (size_t i = 1; i < lines.size(); ++i) {
-    const size_t s1 = lines[i].find(' '), s2 = lines[i].rfind(' ');
-    if (s1 == std::string::npos || s2 == s1) return Internal("malformed comm_grow decision");
-    const int w = std::stoi(lines[i].substr(0, s1));
+    DecidedJoiner d;
+    if (!decode_decided(lines[i], &d)) return Internal("malformed comm_grow decision");
+    const int w = d.world;
     a->world_ranks.push_back(w);
-    hosts.push_back(std::stoull(lines[i].substr(s1 + 1, s2 - s1 - 1)));
-    const std::string addr = lines[i].substr(s2 + 1);
+    a->world_gens.push_back(d.gen);
+    hosts.push_back(d.host);
     if (addrs.size() <= static_cast<size_t>(w)) addrs.resize(static_cast<size_t>(w) + 1);
-    addrs[static_cast<size_t>(w)] = addr == "-" ? "" : addr;
-    reach->push_back(addr);
+    addrs[static_cast<size_t>(w)] = d.reach;
+    reach->push_back(d.reach.empty() ? "-" : d.reach);
   }
   std::map<uint64_t, int> number;  // hosts numbered in order of each host's first rank, as at init
   for (uint64_t h : hosts) a->host_of.push_back(number.emplace(h, static_cast<int>(number.size())).first->second);
@@ -216,6 +221,7 @@ std::unique_ptr<comm_s> make_grown(const Answer& a, const CommSettings& settings
   g->local_transport_usable = a.local_transport_usable;
   g->host_of = a.host_of;
   g->world_ranks = a.world_ranks;
+  g->world_gens = a.world_gens;
   g->all_local = std::all_of(a.host_of.begin(), a.host_of.end(), [](int h) { return h == 0; });
   g->own_job_memory = true;  // the joiners are in no earlier domain: this communicator makes its own
   g->watch_setups = true;     // a comm_dup of it right after the grow is watched too (setup_watch.h)

@@ -57,10 +57,25 @@ struct Answer {
   std::string id, secret;
   int rank = 0;
   bool local_transport_usable = true;
-  std::vector<int> host_of, world_ranks;
+  std::vector<int> host_of, world_ranks, world_gens;  // world_gens: comm_s's
   std::vector<std::string> world_addrs;  // indexed by world rank ("" unknown)
 };
+
+// Rank r's admission into its world slot (comm_s::world_gens; 0 where none is known).
+inline int generation_of(comm_t c, int r) {
+  return static_cast<size_t>(r) < c->world_gens.size() ? c->world_gens[static_cast<size_t>(r)] : 0;
+}
 std::string encode_answer(const Answer& a);  // "OK\n..."
+
+// One joiner in the lowest member's decision (grow.cc, describe): "world gen host reach".
+struct DecidedJoiner {
+  int world = -1;
+  int gen = 0;            // its admission into the slot (comm_s::world_gens)
+  uint64_t host = 0;      // Hello::host
+  std::string reach;      // Hello::reach, "" unknown
+};
+std::string encode_decided(const DecidedJoiner& j);
+bool decode_decided(const std::string& line, DecidedJoiner* j);
 bool decode_answer(const std::string& text, Answer* a);
 inline const char* kRetry = "RETRY";  // claimed by a grow that failed: take a new ticket
 

@@ -66,22 +66,42 @@ std::string encode_answer(const Answer& a) {
   for (const auto& w : a.world_addrs) addrs += (addrs.empty() ? "" : " ") + (w.empty() ? std::string("-") : w);
   return "OK\n" + a.id + "\n" + a.secret + "\n" + std::to_string(a.rank) + "\n" +
          (a.local_transport_usable ? "1" : "0") + "\n" + rank_list_bare(a.host_of) + "\n" +
-         rank_list_bare(a.world_ranks) + "\n" + addrs;
+         rank_list_bare(a.world_ranks) + "\n" + rank_list_bare(a.world_gens) + "\n" + addrs;
 }
 
 bool decode_answer(const std::string& text, Answer* a) {
   const std::vector<std::string> lines = split(text, '\n');
-  if (lines.size() != 8 || lines[0] != "OK" || lines[1].empty() || lines[2].empty()) return false;
+  if (lines.size() != 9 || lines[0] != "OK" || lines[1].empty() || lines[2].empty()) return false;
   a->id = lines[1];
   a->secret = lines[2];
   if (!parse_int(lines[3], 0, 1 << 30, &a->rank) || (lines[4] != "0" && lines[4] != "1")) return false;
   a->local_transport_usable = lines[4] == "1";
-  if (!parse_numbers(lines[5], &a->host_of) || !parse_numbers(lines[6], &a->world_ranks)) return false;
-  if (a->host_of.size() != a->world_ranks.size() || a->rank >= static_cast<int>(a->host_of.size())) return false;
+  if (!parse_numbers(lines[5], &a->host_of) || !parse_numbers(lines[6], &a->world_ranks) ||
+      !parse_numbers(lines[7], &a->world_gens))
+    return false;
+  if (a->host_of.size() != a->world_ranks.size() || a->world_gens.size() != a->world_ranks.size() ||
+      a->rank >= static_cast<int>(a->host_of.size()))
+    return false;
   a->world_addrs.clear();
-  for (const auto& w : split(lines[7], ' ')) a->world_addrs.push_back(w == "-" ? "" : w);
+  for (const auto& w : split(lines[8], ' ')) a->world_addrs.push_back(w == "-" ? "" : w);
   for (int w : a->world_ranks)
     if (static_cast<size_t>(w) >= a->world_addrs.size()) return false;
+  return true;
+}
+
+std::string encode_decided(const DecidedJoiner& j) {
+  return std::to_string(j.world) + " " + std::to_string(j.gen) + " " + std::to_string(j.host) + " " +
+         (j.reach.empty() ? std::string("-") : j.reach);
+}
+
+bool decode_decided(const std::string& line, DecidedJoiner* j) {
+  const std::vector<std::string> parts = split(line, ' ');
+  if (parts.size() != 4 || !parse_int(parts[0], 0, 1 << 30, &j->world) || !parse_int(parts[1], 1, 1 << 30, &j->gen) ||
+      parts[2].empty() || parts[2].size() > 20 || parts[2].find_first_not_of("0123456789") != std::string::npos ||
+      parts[3].empty())
+    return false;
+  j->host = std::stoull(parts[2]);
+  j->reach = parts[3] == "-" ? "" : parts[3];
   return true;
 }
 
@@ -92,12 +112,14 @@ uint64_t host_hash() {
 
 namespace {
 
-Status record_exclusion(Store& store, int world) {
-  int64_t gen = 0, first = 0, n = 0;
-  // The generation of the process in that slot: a launcher acts on a record only for the
-  // process it runs there now, never on a late copy about one it already replaced.
-  Status st = store.add(joins_key(world), 0, &gen);
-  if (st.ok()) st = store.add(excluded_key(world, gen), 1, &first);
+// `gen` is the process's admission into the slot, as the communicator that excludes it knew it
+// (comm_s::world_gens): a launcher acts on a record only for the process it runs there now, never
+// on a late copy about one it already replaced. Read from the slot's count at the time of the
+// record instead, a member that recorded late, after the next replacement's admission, named that
+// one, and the launcher SIGKILLed it.
+Status record_exclusion(Store& store, int world, int gen) {
+  int64_t first = 0, n = 0;
+  Status st = store.add(excluded_key(world, gen), 1, &first);
   if (st.ok() && first == 1) st = store.add(kExclusions, 1, &n);
   if (st.ok() && first == 1) st = store.set(exclusion_key(n), std::to_string(world) + " " + std::to_string(gen));
   return st;
@@ -108,7 +130,7 @@ Status record_exclusion(Store& store, int world) {
 Status record_exclusions(comm_t c, const std::vector<int>& failed) {
   for (int r : failed) {
     const int world = c->world_ranks[static_cast<size_t>(r)];
-    Status st = record_exclusion(*c->job_store, world);
+    Status st = record_exclusion(*c->job_store, world, generation_of(c, r));
     if (!st.ok()) {
       COMM_WARN(kInit, "rank %d, comm %s: could not record the exclusion of world rank %d for the launcher: %s",
                 c->rank, c->id.c_str(), world, st.message().c_str());
@@ -119,14 +141,14 @@ Status record_exclusions(comm_t c, const std::vector<int>& failed) {
 }
 
 void record_failed_joiners(Store& store, const std::string& payload) {
-  // describe(): the secret, then per joiner "world host reach".
+  // describe(): the secret, then a line per joiner (encode_decided).
   const std::vector<std::string> lines = split(payload, '\n');
   for (size_t i = 1; i < lines.size(); ++i) {
-    int world = -1;
-    if (lines[i].empty() || !parse_int(lines[i].substr(0, lines[i].find(' ')), 0, 1 << 30, &world)) continue;
-    Status st = record_exclusion(store, world);
+    DecidedJoiner j;
+    if (!decode_decided(lines[i], &j)) continue;
+    Status st = record_exclusion(store, j.world, j.gen);
     if (!st.ok()) {
-      COMM_WARN(kInit, "comm_grow failed: could not record the exclusion of the joiner in world rank %d: %s", world,
+      COMM_WARN(kInit, "comm_grow failed: could not record the exclusion of the joiner in world rank %d: %s", j.world,
                 st.message().c_str());
       return;
     }

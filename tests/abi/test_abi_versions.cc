@@ -178,7 +178,7 @@ std::string file_text(const std::string& path) {
 // is "<world rank> <generation>"), read here as the file store writes them (one file per key,
 // "%XX" for '/': libcomm/base/store/file_store.cc), as bench/chaos_slot.py reads them.
 TEST_CASE("ABI 1.11: comm_exclude: bad input is refused and records nothing; two members naming one joiner record "
-          "it once, for the launcher", "[lifecycle]") {
+          "it once, for the launcher, also after the slot's next admission", "[lifecycle]") {
   STATIC_REQUIRE(COMM_ABI_VERSION_MINOR >= 11);
   const int one = 1;
   CHECK(comm_exclude(nullptr, &one, 1) == COMM_ERR_INVALID_ARGUMENT);
@@ -205,6 +205,13 @@ TEST_CASE("ABI 1.11: comm_exclude: bad input is refused and records nothing; two
   CHECK(comm_exclude(ranks.comms[1], &joiner, 1) == COMM_OK);  // the same process: recorded once
   CHECK(file_text(count_file) == "1");
   CHECK(file_text(dir + "/kjob%2Fexclusion%2F1") == "2 0");  // world rank 2, its first process
+  // A member that records late, after the slot's next process was admitted (a grow counted it),
+  // still names the process its communicator had: no new record, which the launcher would act
+  // on by SIGKILLing the new one (grow_records.cc, record_exclusion).
+  std::ofstream(dir + "/kjob%2Fslot%2F2%2Fjoins") << "1";
+  CHECK(comm_exclude(ranks.comms[1], &joiner, 1) == COMM_OK);
+  CHECK(file_text(count_file) == "1");
+  CHECK(!std::filesystem::exists(dir + "/kjob%2Fexclusion%2F2"));
   destroy_ranks(ranks.comms);
   std::filesystem::remove_all(dir);
 }

@@ -210,9 +210,8 @@ void Launcher::restart_unadmitted() {
   // exited and that no record named by then was never excluded: an undoing member's record that
   // could not be written (the store did not answer), or a trainer that undoes admissions without
   // comm_exclude; without this the slot would stay empty. Replacing it after this wait is safe
-  // even if a record comes later: a record names the generation of the slot's last admission,
-  // and the replacement started now is admitted only at a step boundary after that agreement
-  // (grow_records.cc).
+  // even if a record comes later: a record names the generation at which the excluded process
+  // was admitted, which the launcher no longer runs (grow_records.cc, record_exclusion).
   constexpr double kRecordWaitS = 3.0;
   if (rank_finished_ || running_ == 0) return;
   for (size_t i = 0; i < ranks_.size(); ++i) {

@@ -16,7 +16,7 @@ namespace comm_run {
 
 struct Exclusion {
   int slot = -1;
-  int64_t generation = 0;  // joiners admitted into the slot before: which of its processes it is
+  int64_t generation = 0;  // joiners admitted into the slot when it was admitted: which of its processes it is
 };
 
 class JobStore {
