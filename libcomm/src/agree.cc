@@ -47,9 +47,10 @@ constexpr int kWhoMs = 1000;  // a checked-in rank names its ticket right after 
 // decider's wait, instead of costing COMM_TIMEOUT_MS (docs/design/core.md, "Agreeing on the
 // failed ranks").
 constexpr auto kRefresh = std::chrono::milliseconds(100);
-// A rank that read a verdict looks this often for the others' confirmations (they read it the
-// moment it is written, so the wait is short; await_confirmations).
-constexpr auto kConfirmPoll = std::chrono::milliseconds(5);
+// A rank that read a verdict waits for the others' confirmations (they read it the moment it is
+// written) on the key the confirmation that makes half writes, and counts them again this often
+// in case that rank died between its count and its key (await_confirmations).
+constexpr auto kConfirmRecount = std::chrono::milliseconds(50);
 
 // The flags the ranks agree on (comm_agree): the bitwise AND over the ranks the verdict keeps.
 constexpr int kAllFlags = ~0;
@@ -243,13 +244,20 @@ Status await_confirmations(comm_t c, Store& round_store, const std::string& next
                            int* confirmed) {
   const int n = c->size;
   std::shared_ptr<Store> next = make_prefix_store(c->job_store, next_round);
+  const int64_t half = (n + 1) / 2;
   int64_t count = 0, went_on = 0;
   COMM_RETURN_IF_ERROR(round_store.add("confirmed", 1, &count));
+  if (count == half) COMM_RETURN_IF_ERROR(round_store.set("half-confirmed", "1"));
   for (;;) {
-    if (2 * count >= n) break;
+    if (count >= half) break;
     COMM_RETURN_IF_ERROR(next->add("tickets", 0, &went_on));
-    if (2 * (n - went_on) < n || deadline.expired()) break;
-    std::this_thread::sleep_for(kConfirmPoll);
+    if (n - went_on < half || deadline.expired()) break;
+    std::string ignored;
+    const Deadline look(std::min(deadline.at(), Clock::now() + kConfirmRecount));
+    if (round_store.get("half-confirmed", &ignored, look).ok()) {
+      count = half;
+      break;
+    }
     COMM_RETURN_IF_ERROR(round_store.add("confirmed", 0, &count));
   }
   *confirmed = static_cast<int>(count);
