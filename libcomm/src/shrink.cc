@@ -19,6 +19,7 @@
 #include "hash.h"
 #include "log.h"
 #include "rank_list.h"
+#include "setup_watch.h"
 #include "tls/tls.h"
 #include "store/store.h"
 
@@ -154,7 +155,13 @@ Status shrink_communicator(comm_t c, const std::vector<int>& excluded_in, comm_t
 
   // Agreement: each survivor publishes its list; the lowest compares and publishes one verdict
   // (a new secret, or the difference), so every survivor it expects fails alike or none does.
-  std::shared_ptr<Store> store = make_prefix_store(base, "comm/" + id + "/shrink");
+  // A survivor that dies meanwhile (a second failure right after comm_agree_failed) closes its
+  // connections of this communicator: the watch ends the others' waits on it within a second
+  // instead of at COMM_TIMEOUT_MS, and they agree again (setup_watch.h; a chaos run lost 10 s
+  // when the lowest survivor, whose verdict the others waited for, was killed here).
+  std::shared_ptr<SetupWatch> watch = SetupWatch::for_member(c, base, id, members, 0);
+  std::shared_ptr<Store> store = make_watched_store(make_prefix_store(base, "comm/" + id + "/shrink"),
+                                                    [watch] { return watch->check(); }, 250);
   Deadline deadline = Deadline::after_ms(c->settings.timeout_ms);
   const std::string mine = rank_list_bracketed(excluded);  // what every survivor must agree on
   COMM_RETURN_IF_ERROR(store->set("list/" + std::to_string(c->rank), mine).prefixed(where + "comm_shrink: "));
@@ -164,6 +171,7 @@ Status shrink_communicator(comm_t c, const std::vector<int>& excluded_in, comm_t
     for (size_t i = 1; i < members.size(); ++i) {
       std::string theirs;
       Status st = store->get("list/" + std::to_string(members[i]), &theirs, deadline);
+      if (!st.ok() && st.code() != COMM_ERR_TIMEOUT) return st.prefixed(where + "comm_shrink: ");
       if (!st.ok())
         return Timeout(where + "comm_shrink: rank " + std::to_string(members[i]) + " did not join the shrink within " +
                        std::to_string(c->settings.timeout_ms) + " ms; is it alive and calling comm_shrink? If it "
@@ -186,6 +194,7 @@ Status shrink_communicator(comm_t c, const std::vector<int>& excluded_in, comm_t
   } else {
     std::string verdict;
     Status st = store->get("verdict", &verdict, deadline);
+    if (!st.ok() && st.code() != COMM_ERR_TIMEOUT) return st.prefixed(where + "comm_shrink: ");
     if (!st.ok())
       return Timeout(where + "comm_shrink: rank " + std::to_string(leader) + " (the lowest survivor) did not answer "
                      "within " + std::to_string(c->settings.timeout_ms) + " ms; is it alive and calling comm_shrink "

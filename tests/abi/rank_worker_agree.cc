@@ -129,6 +129,10 @@ int mode_agree() {
         say("DONE 0");
         return 0;
       }
+      // ABI_DIE_BEFORE_SHRINK_RANK: that world rank is SIGKILLed between its first agreement and
+      // its shrink (a second failure the agreement could not see).
+      if (const char* die = std::getenv("ABI_DIE_BEFORE_SHRINK_RANK"); die != nullptr && std::atoi(die) == world_rank)
+        kill(getpid(), SIGKILL);
       comm_t shrunk = nullptr;
       st = comm_shrink(c, failed, nf, &shrunk);
       int new_rank = -1, new_size = -1;

@@ -249,6 +249,29 @@ TEST_CASE("agree: a rank killed after the others checked in is agreed failed wit
   check_survivors_agree(procs, {3, 4});
 }
 
+// A survivor killed between the agreement and the shrink: the others wait in the shrink for its
+// list (the lowest survivor) or for the lowest survivor's verdict. Its closed connections end
+// those waits (libcomm/src/shrink.cc, the SetupWatch), and the survivors agree again; before, every
+// survivor waited out COMM_TIMEOUT_MS (a chaos run lost 10 s so). Asserted generously: half of a
+// 20 s timeout from the first kill to every survivor's shrink.
+TEST_CASE("agree: a survivor killed between the agreement and the shrink does not cost the timeout", "[agree]") {
+  TempDir dir;
+  constexpr int kLongTimeoutMs = 20000;
+  std::vector<Proc> procs = start(dir, 5, free_port(), {{"ABI_DIE_BEFORE_SHRINK_RANK", "2"}}, kLongTimeoutMs);
+  REQUIRE(wait_for(procs, {4}, "ITER 10 ", 120000));
+  const double killed = now_ms();
+  kill(procs[4].pid, SIGKILL);
+  const bool shrunk = wait_for(procs, {0, 1, 3}, "SHRINK 0 ", 3 * kLongTimeoutMs);
+  const double took = now_ms() - killed;
+  const bool ended = wait_all(procs, now_ms() + 180000);
+  INFO("shrunk " << took << " ms after the kill\n" << describe_all(procs));
+  REQUIRE(shrunk);
+  REQUIRE(ended);
+  CHECK(took < kLongTimeoutMs / 2);
+  check_survivors_agree(procs, {2, 4});
+  CHECK_THAT(procs[0].output(), Catch::Contains("closed its connections"));
+}
+
 TEST_CASE("agree: two of four ranks SIGKILLed leave no majority: both survivors stop, told why", "[agree]") {
   TempDir dir;
   std::vector<Proc> procs = start(dir, 4, free_port());
