@@ -67,6 +67,23 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return "[" + t + "]";
 }
 
+// Sends `sig` to whichever of ranks 1-3 says it decides the agreement's first round, the moment it
+// says so, and returns it; -1 when rank 0 decides (its process serves the job store) or none says
+// so within `ms`.
+int signal_first_decider(const std::vector<Proc>& procs, int sig, double ms) {
+  const double t0 = now_ms();
+  while (now_ms() - t0 < ms) {
+    for (int r = 0; r <= 3; ++r) {
+      if (procs[static_cast<size_t>(r)].output().find("comm_agree_failed decides round 0") == std::string::npos) continue;
+      if (r == 0) return -1;
+      kill(procs[static_cast<size_t>(r)].pid, sig);
+      return r;
+    }
+    usleep(1000);
+  }
+  return -1;
+}
+
 // Every survivor finished every step with right sums, made the same agreements in the same
 // order, and ended on the same members: every rank but the victims.
 void check_survivors_agree(const std::vector<Proc>& procs, const std::vector<int>& victims) {
@@ -149,16 +166,11 @@ TEST_CASE("agree: a rank killed during the agreement (its decider when it can be
   kill(procs[4].pid, SIGKILL);
   // The second victim: the rank that decides the agreement's first round, unless that is rank 0
   // (its process serves the job store) or none says so soon; then rank 3, whatever it is doing.
-  int second = -1;
-  const double t0 = now_ms();
-  while (second < 0 && now_ms() - t0 < 2 * kTimeoutMs + 10000) {
-    for (int r = 1; r <= 3 && second < 0; ++r)
-      if (procs[static_cast<size_t>(r)].output().find("comm_agree_failed decides round 0") != std::string::npos) second = r;
-    if (second < 0 && procs[0].output().find("comm_agree_failed decides round 0") != std::string::npos) second = 3;
-    usleep(1000);
+  int second = signal_first_decider(procs, SIGKILL, 2 * kTimeoutMs + 10000);
+  if (second < 0) {
+    second = 3;
+    kill(procs[3].pid, SIGKILL);
   }
-  if (second < 0) second = 3;
-  kill(procs[static_cast<size_t>(second)].pid, SIGKILL);
   const bool ended = wait_all(procs, now_ms() + 180000);
   INFO("second victim: rank " << second << "\n" << describe_all(procs));
   REQUIRE(ended);
@@ -179,16 +191,7 @@ TEST_CASE("agree: a decider stopped before its verdict and woken after the other
   std::vector<Proc> procs = start(dir, 5, free_port(), {{"ABI_AGREE_LATE_MS", "2500"}});
   REQUIRE(wait_for(procs, {4}, "ITER 10 ", 120000));
   kill(procs[4].pid, SIGKILL);
-  int decider = -1;
-  const double t0 = now_ms();
-  while (decider < 0 && now_ms() - t0 < 2 * kTimeoutMs + 10000) {
-    for (int r = 1; r <= 3 && decider < 0; ++r)
-      if (procs[static_cast<size_t>(r)].output().find("comm_agree_failed decides round 0") != std::string::npos) {
-        kill(procs[static_cast<size_t>(r)].pid, SIGSTOP);
-        decider = r;
-      }
-    usleep(1000);
-  }
+  const int decider = signal_first_decider(procs, SIGSTOP, 2 * kTimeoutMs + 10000);
   REQUIRE(decider > 0);
   std::vector<int> survivors;
   for (int r = 0; r <= 3; ++r)
