@@ -278,6 +278,11 @@ class Transport {
   // one reads the heartbeats then, so a silence seen then proves nothing. The transports without
   // a silence rule have nothing to leave out.
   virtual void closed_peers(std::vector<int>* out) { lost_peers(out); }
+  // Only what proves a peer gone: its process gone, or a connection closed without goodbye; never
+  // a silence, not even the one that failed the transport. For waits that fail early on a dead
+  // peer (libcomm/src/setup_watch.cc: a set-up, a shrink), where a rank that was only silent
+  // for a while, and took part since, must not be taken for dead.
+  virtual void gone_peers(std::vector<int>* out) { closed_peers(out); }
   // How long this transport has heard nothing from `peer`, in ms (as of its failure, once it
   // failed); -1 when it cannot tell (no heartbeats, no connection). A live peer is heard every
   // COMM_HEARTBEAT_MS, also while it waits: the hang trace takes a long silence for a stalled

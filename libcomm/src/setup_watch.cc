@@ -100,7 +100,7 @@ Status SetupWatch::evidence() {
   std::vector<int> closed;
   if (parent_->transport) {
     Driving driving(parent_);  // the parent's watcher looks at its transport only while nobody drives it
-    parent_->transport->closed_peers(&closed);
+    parent_->transport->gone_peers(&closed);  // never a silence: a rank silent for a while may be here since
   }
   std::sort(closed.begin(), closed.end());  // the routed transport appends its parts' lists
   for (size_t i = 0; i < members_.size(); ++i) {

@@ -7,8 +7,10 @@
 // that finds some tells the others through the job store, so all of them fail the grow within a
 // second or two and its members undo it (docs/design/core.md, "Growing a communicator").
 //
-// Evidence: a member's connection to another member closed (the parent communicator's
-// transport, never its silence: a stopped rank is left to the timeout), or a joiner's liveness
+// Evidence: a member's connection to another member closed or its process gone (the parent
+// communicator's transport, Transport::gone_peers: never a silence, not even the one that failed
+// the parent, as a rank silent then may have taken part since; a stopped rank is left to the
+// timeout), or a joiner's liveness
 // counter in the job store that has not moved for 2 s (a joiner's thread bumps it every 200 ms
 // from its answer until its set-up ends, whatever the set-up itself is busy with).
 #pragma once

@@ -111,6 +111,11 @@ class RoutedTransport final : public Transport {
     far_->closed_peers(out);
     std::sort(out->begin(), out->end());
   }
+  void gone_peers(std::vector<int>* out) override {
+    near_->gone_peers(out);
+    far_->gone_peers(out);
+    std::sort(out->begin(), out->end());
+  }
   int64_t silent_ms(int peer) override {
     if (peer < 0 || static_cast<size_t>(peer) >= is_local_.size()) return -1;
     return is_local_[static_cast<size_t>(peer)] ? near_->silent_ms(peer) : far_->silent_ms(peer);

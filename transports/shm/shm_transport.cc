@@ -273,6 +273,13 @@ void ShmTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   }
 }
 
+void ShmTransport::gone_peers(std::vector<int>* out) {
+  for (size_t i = 0; i < peers_.size(); ++i)
+    if (static_cast<int>(i) != me_ && peers_[i].header->left.load(std::memory_order_acquire) == 0 &&
+        !check_alive(static_cast<int>(i), "").ok())
+      out->push_back(peers_[i].rank);
+}
+
 // ---- waits on requests -------------------------------------------------------------------
 
 void ShmTransport::charge(int i, uint64_t ns, bool flowing) {

@@ -106,6 +106,7 @@ class ShmTransport final : public Transport, public LocalAccess {
   void notify_peers(const Status& failure, uint64_t order) override;
   void lost_peers(std::vector<int>* out) override { find_lost(out, true); }
   void closed_peers(std::vector<int>* out) override { find_lost(out, false); }
+  void gone_peers(std::vector<int>* out) override;  // processes gone only (shm_transport.cc)
   int64_t silent_ms(int peer) override;  // the driving thread's, after a wait failed
   Status check_idle() override;
   void beat() override;

@@ -96,7 +96,7 @@ Status SocketTransport::check_idle() {
 // communicator that carries no calls (the DDP wrapper's, python/libcomm/fault_tolerance.py, agrees
 // on its own) has no hang trace, and without this its agreement waited one more timeout for a
 // SIGSTOPped rank that its heartbeats had already shown silent.
-// closed_peers (judge_silence false) leaves out the silence of a transport that has not failed
+// closed_peers (Silence::kAsOfFailure) leaves out the silence of a transport that has not failed
 // (transports/transport.h); a failed one judges it as of its failure, as lost_peers does: the
 // silence that failed it (the watcher's idle detection) was read while someone read.
 namespace {
@@ -108,7 +108,7 @@ bool bytes_waiting(int fd) {
 }
 }  // namespace
 
-void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
+void SocketTransport::find_lost(std::vector<int>* out, Silence silence) {
   Entry entry(*this);
   // A failed transport reads no heartbeats: a peer's silence counts until the failure only. Else
   // a live peer of a communicator that failed (idle detection) and then sat unused for a timeout
@@ -117,7 +117,8 @@ void SocketTransport::find_lost(std::vector<int>* out, bool judge_silence) {
   const Clock::time_point now = failed_.ok() ? Clock::now() : failed_at_;
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
-    if ((judge_silence || !failed_.ok()) && silence_of(p, now) >= silence_limit_ms() &&
+    const bool judged = silence == Silence::kNow || (silence == Silence::kAsOfFailure && !failed_.ok());
+    if (judged && silence_of(p, now) >= silence_limit_ms() &&
         (!failed_.ok() || !bytes_waiting(conn(p, 0).fd.get()))) {  // unread bytes: it spoke, this rank did not read
       out->push_back(p);
       continue;

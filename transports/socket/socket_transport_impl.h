@@ -56,9 +56,13 @@ class SocketTransport final : public Transport {
   // Any thread (the watcher, also during a call): a heartbeat when one is due and no one is inside
   // the transport; a wait inside beats itself (heartbeat.cc).
   void beat() override;
-  void lost_peers(std::vector<int>* out) override { find_lost(out, true); }  // heartbeat.cc
-  void closed_peers(std::vector<int>* out) override { find_lost(out, false); }
-  void find_lost(std::vector<int>* out, bool judge_silence);
+  void lost_peers(std::vector<int>* out) override { find_lost(out, Silence::kNow); }  // heartbeat.cc
+  void closed_peers(std::vector<int>* out) override { find_lost(out, Silence::kAsOfFailure); }
+  void gone_peers(std::vector<int>* out) override { find_lost(out, Silence::kNever); }
+  // Which silence counts: one going on now (or as of the failure, once failed), only one that
+  // failed the transport, or none.
+  enum class Silence { kNow, kAsOfFailure, kNever };
+  void find_lost(std::vector<int>* out, Silence silence);
   int64_t silent_ms(int peer) override;  // heartbeat.cc
   uint64_t idle_failure_order() override {
     Entry entry(*this);
