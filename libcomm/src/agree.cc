@@ -47,10 +47,10 @@ constexpr int kWhoMs = 1000;  // a checked-in rank names its ticket right after 
 // decider's wait, instead of costing COMM_TIMEOUT_MS (docs/design/core.md, "Agreeing on the
 // failed ranks").
 constexpr auto kRefresh = std::chrono::milliseconds(100);
-// A rank that read a verdict waits for the others' confirmations (they read it the moment it is
-// written) on the key the confirmation that makes half writes, and counts them again this often
-// in case that rank died between its count and its key (await_confirmations).
-constexpr auto kConfirmRecount = std::chrono::milliseconds(50);
+// A rank that read a verdict counts the others' confirmations (they read it the moment it is
+// written) after 1 ms, then twice as long each time, up to this (await_confirmations). Not a
+// blocking get on a key: on the TCP store a get that times out costs a new connection.
+constexpr auto kConfirmPollMax = std::chrono::milliseconds(50);
 
 // The flags the ranks agree on (comm_agree): the bitwise AND over the ranks the verdict keeps.
 constexpr int kAllFlags = ~0;
@@ -238,29 +238,25 @@ Status parse_verdict(const std::string& text, int n, Verdict* v) {
 // verdict and went on to a later round never does. A later round's quorum needs a strict majority
 // of check-ins from ranks that did not confirm, so it and this verdict cannot both carry on. Without
 // this, a decider stopped past the others' verdict wait woke, published the round's verdict and
-// went on alone with it (docs/design/core.md, "Agreeing on the failed ranks"). Fails at once when
-// so many ranks went on that half can no longer confirm, else after `deadline`.
+// went on alone with it (docs/design/core.md, "Agreeing on the failed ranks"). Ends at once when
+// so many ranks went on (*went_on) that half can no longer confirm, else after `deadline`.
 Status await_confirmations(comm_t c, Store& round_store, const std::string& next_round, Deadline deadline,
-                           int* confirmed) {
+                           int* confirmed, int* went_on) {
   const int n = c->size;
   std::shared_ptr<Store> next = make_prefix_store(c->job_store, next_round);
   const int64_t half = (n + 1) / 2;
-  int64_t count = 0, went_on = 0;
+  int64_t count = 0, gone = 0;
+  auto pause = std::chrono::milliseconds(1);
   COMM_RETURN_IF_ERROR(round_store.add("confirmed", 1, &count));
-  if (count == half) COMM_RETURN_IF_ERROR(round_store.set("half-confirmed", "1"));
-  for (;;) {
-    if (count >= half) break;
-    COMM_RETURN_IF_ERROR(next->add("tickets", 0, &went_on));
-    if (n - went_on < half || deadline.expired()) break;
-    std::string ignored;
-    const Deadline look(std::min(deadline.at(), Clock::now() + kConfirmRecount));
-    if (round_store.get("half-confirmed", &ignored, look).ok()) {
-      count = half;
-      break;
-    }
+  while (count < half) {
+    COMM_RETURN_IF_ERROR(next->add("tickets", 0, &gone));
+    if (n - gone < half || deadline.expired()) break;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(2 * pause, kConfirmPollMax);
     COMM_RETURN_IF_ERROR(round_store.add("confirmed", 0, &count));
   }
   *confirmed = static_cast<int>(count);
+  *went_on = static_cast<int>(gone);
   return Status::Ok();
 }
 
@@ -351,16 +347,19 @@ Status agree_failed(comm_t c, std::vector<int>* failed, int* flag) {
                          "agreement, not a majority: this side stops, so that two sides of a split job never "
                          "both go on");
     }
-    int confirmed = 0;
+    int confirmed = 0, went_on = 0;
     st = await_confirmations(c, *store, base + "/r" + std::to_string(round + 1), Deadline::after_ms(verdict_ms),
-                             &confirmed);
+                             &confirmed, &went_on);
     if (!st.ok()) return unreachable(st);
+    const std::string short_of = where + "round " + std::to_string(round) + "'s verdict " + text + " was confirmed by " +
+                                 std::to_string(confirmed) + " of " + std::to_string(n) + " ranks, fewer than half: ";
+    if (2 * confirmed < n && went_on > 0)
+      return RemoteError(short_of + std::to_string(went_on) + " went on to a later round without this rank (was it "
+                         "stopped, or cut off?); it is excluded from this communicator for good and cannot rejoin "
+                         "it: exit (a launcher may start a new process)");
     if (2 * confirmed < n)
-      return RemoteError(where + "round " + std::to_string(round) + "'s verdict " + text + " was confirmed by " +
-                         std::to_string(confirmed) + " of " + std::to_string(n) + " ranks, fewer than half: the "
-                         "others went on to a later round without this rank (was it stopped, or cut off?); it is "
-                         "excluded from this communicator for good and cannot rejoin it: exit (a launcher may "
-                         "start a new process)");
+      return RemoteError(short_of + "ranks that checked in died before they read it, so fewer than half stand behind "
+                         "it, not a majority: this side stops, so that two sides of a split job never both go on");
     *failed = v.failed;
     if (flag) *flag = v.flag;
     return Status::Ok();

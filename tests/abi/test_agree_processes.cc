@@ -180,7 +180,7 @@ TEST_CASE("agree: a rank killed during the agreement (its decider when it can be
 }
 
 // The decider of the first round is SIGSTOPped before its verdict (it waits for world rank 0,
-// which comes late): the others wait out the verdict, agree without it in the next round, shrink
+// which comes late; the others wait 1.5 timeouts + 2 s for the verdict): the others wait out the verdict, agree without it in the next round, shrink
 // and go on. Woken, the decider publishes its round's verdict; it must not go on with it alone but
 // be told it was excluded, as a stopped rank that was no decider is (libcomm/src/agree.cc,
 // await_confirmations). If the stop came too late (the verdict was out), the run proves nothing
@@ -188,10 +188,14 @@ TEST_CASE("agree: a rank killed during the agreement (its decider when it can be
 TEST_CASE("agree: a decider stopped before its verdict and woken after the others went on is told it was excluded",
           "[agree]") {
   TempDir dir;
-  std::vector<Proc> procs = start(dir, 5, free_port(), {{"ABI_AGREE_LATE_MS", "2500"}});
+  // Timeout 6 s, rank 0 3 s late: the stop has 3 s to land before the verdict, and rank 0 comes to
+  // the next round 3 s before its decider's deadline (with 0.5 s, a busy host left that round
+  // without a majority).
+  constexpr int kSlowTimeoutMs = 6000;
+  std::vector<Proc> procs = start(dir, 5, free_port(), {{"ABI_AGREE_LATE_MS", "3000"}}, kSlowTimeoutMs);
   REQUIRE(wait_for(procs, {4}, "ITER 10 ", 120000));
   kill(procs[4].pid, SIGKILL);
-  const int decider = signal_first_decider(procs, SIGSTOP, 2 * kTimeoutMs + 10000);
+  const int decider = signal_first_decider(procs, SIGSTOP, 2 * kSlowTimeoutMs + 10000);
   REQUIRE(decider > 0);
   std::vector<int> survivors;
   for (int r = 0; r <= 3; ++r)
