@@ -326,6 +326,10 @@ class Transport {
  protected:
   explicit Transport(Options options) : options_(std::move(options)) {}
 
+  // Which silence a transport's find_lost counts for lost_peers, closed_peers and gone_peers: one
+  // going on now (or as of the failure, once failed), only one that failed the transport, or none.
+  enum class Silence { kNow, kAsOfFailure, kNever };
+
   // One send or receive as isend/irecv received it, after their checks.
   struct Post {
     bool is_send;

@@ -37,7 +37,7 @@ Status make_one(const std::string& kind, const transport::Options& opt, const st
 
 Status make_real_transports(const std::vector<int>& host_of, int timeout_ms,
                             std::vector<std::unique_ptr<transport::Transport>>* out, const std::string& near_kind,
-                            const std::string& far_kind) {
+                            const std::string& far_kind, int heartbeat_ms) {
   static std::atomic<int> sequence{0};
   const int n = static_cast<int>(host_of.size());
   const std::string name = "shm-fabric-" + std::to_string(getpid()) + "-" + std::to_string(sequence++);
@@ -62,6 +62,7 @@ Status make_real_transports(const std::vector<int>& host_of, int timeout_ms,
       opt.rank = r;
       opt.size = n;
       opt.timeout_ms = timeout_ms;
+      opt.heartbeat_ms = heartbeat_ms;
       opt.secret = secret;
       opt.comm_label = "test";
       opt.all_local = true;  // one network namespace: sockets over loopback

@@ -15,9 +15,10 @@ namespace comm::testing {
 // Creates one transport per rank (ranks as threads, over a fresh in-memory store).
 // host_of[r]: rank r's host; ranks on one host talk over `near` (shm, socket or ucx), ranks on
 // different hosts over `far` (socket or ucx); one transport for all when they are the same.
+// heartbeat_ms > 0: idle detection judges silence (no watcher beats here: a test calls beat()).
 Status make_real_transports(const std::vector<int>& host_of, int timeout_ms,
                             std::vector<std::unique_ptr<transport::Transport>>* out,
-                            const std::string& near = "shm", const std::string& far = "socket");
+                            const std::string& near = "shm", const std::string& far = "socket", int heartbeat_ms = 0);
 
 // host_of for n ranks on one host, or on two hosts with ranks alternating between them.
 std::vector<int> one_host(int n);

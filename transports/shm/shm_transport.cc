@@ -257,27 +257,20 @@ void ShmTransport::publish_failure(const std::string& text, comm_status_t code, 
 // local rank after its engine had already timed out on it, twice the timeout per SIGSTOP. A failed
 // transport's watcher stopped and so did its peers' (their beats with it): that silence proves
 // nothing (transports/transport.h, closed_peers).
-void ShmTransport::find_lost(std::vector<int>* out, bool judge_silence) {
+void ShmTransport::find_lost(std::vector<int>* out, Silence silence) {
   const auto now = std::chrono::steady_clock::now();
   const bool healthy = failed_.ok() && !aborted_.load(std::memory_order_acquire);
   for (size_t i = 0; i < peers_.size(); ++i) {
     const Peer& p = peers_[i];
     if (static_cast<int>(i) == me_ || p.header->left.load(std::memory_order_acquire) != 0) continue;
-    bool lost = !check_alive(static_cast<int>(i), "").ok() || p.silenced;
-    if (!lost && judge_silence && healthy && options_.heartbeat_ms > 0 && p.lines != nullptr &&
+    bool lost = !check_alive(static_cast<int>(i), "").ok() || (silence != Silence::kNever && p.silenced);
+    if (!lost && silence == Silence::kNow && healthy && options_.heartbeat_ms > 0 && p.lines != nullptr &&
         p.beat_seen_at != std::chrono::steady_clock::time_point{} &&
         p.lines->beat.value.load(std::memory_order_relaxed) == p.beat_seen)
       lost = std::chrono::duration_cast<std::chrono::milliseconds>(now - p.beat_seen_at).count() >=
              silence_limit_ms(options_.timeout_ms, options_.heartbeat_ms);
     if (lost) out->push_back(p.rank);
   }
-}
-
-void ShmTransport::gone_peers(std::vector<int>* out) {
-  for (size_t i = 0; i < peers_.size(); ++i)
-    if (static_cast<int>(i) != me_ && peers_[i].header->left.load(std::memory_order_acquire) == 0 &&
-        !check_alive(static_cast<int>(i), "").ok())
-      out->push_back(peers_[i].rank);
 }
 
 // ---- waits on requests -------------------------------------------------------------------

@@ -104,9 +104,9 @@ class ShmTransport final : public Transport, public LocalAccess {
   Status wait_some(const RequestId* ids, size_t n) override;
   void wake() override;
   void notify_peers(const Status& failure, uint64_t order) override;
-  void lost_peers(std::vector<int>* out) override { find_lost(out, true); }
-  void closed_peers(std::vector<int>* out) override { find_lost(out, false); }
-  void gone_peers(std::vector<int>* out) override;  // processes gone only (shm_transport.cc)
+  void lost_peers(std::vector<int>* out) override { find_lost(out, Silence::kNow); }
+  void closed_peers(std::vector<int>* out) override { find_lost(out, Silence::kAsOfFailure); }
+  void gone_peers(std::vector<int>* out) override { find_lost(out, Silence::kNever); }
   int64_t silent_ms(int peer) override;  // the driving thread's, after a wait failed
   Status check_idle() override;
   void beat() override;
@@ -179,9 +179,10 @@ class ShmTransport final : public Transport, public LocalAccess {
   // silence limit, also since before this wait began (the one-sided waits in local_access.cc and
   // the request waits' request_stuck; the socket transport's silent_awaited says why).
   Status check_silent(int i, const OpTag& tag);
-  // lost_peers and closed_peers: a process gone, a peer idle detection convicted of silence, and
-  // (judge_silence, on a transport that has not failed) a beat counter still for the silence limit.
-  void find_lost(std::vector<int>* out, bool judge_silence);
+  // lost_peers, closed_peers and gone_peers: a process gone; but for kNever, a peer idle detection
+  // convicted of silence; for kNow, on a transport that has not failed, a beat counter still for
+  // the silence limit.
+  void find_lost(std::vector<int>* out, Silence silence);
   // Idle detection: local peer i's beat counter stood still for the silence limit.
   Status check_beating(int i, std::chrono::steady_clock::time_point now);
   // Wakes local peer i if it sleeps (after a store it may be waiting for).

@@ -59,9 +59,6 @@ class SocketTransport final : public Transport {
   void lost_peers(std::vector<int>* out) override { find_lost(out, Silence::kNow); }  // heartbeat.cc
   void closed_peers(std::vector<int>* out) override { find_lost(out, Silence::kAsOfFailure); }
   void gone_peers(std::vector<int>* out) override { find_lost(out, Silence::kNever); }
-  // Which silence counts: one going on now (or as of the failure, once failed), only one that
-  // failed the transport, or none.
-  enum class Silence { kNow, kAsOfFailure, kNever };
   void find_lost(std::vector<int>* out, Silence silence);
   int64_t silent_ms(int peer) override;  // heartbeat.cc
   uint64_t idle_failure_order() override {
