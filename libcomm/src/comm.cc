@@ -204,7 +204,7 @@ Status init_communicator(const comm_config_t& cfg, comm_t* out) {
 }
 
 Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out,
-                    std::shared_ptr<Store> store, const std::string& secret, bool watched) {
+                    std::shared_ptr<Store> store, const std::string& secret, std::shared_ptr<SetupWatch> watch) {
   auto c = std::make_unique<comm_s>();
   c->rank = rank;
   c->size = static_cast<int>(members.size());
@@ -225,9 +225,9 @@ Status create_child(comm_t parent, const std::string& id, int rank, const std::v
     c->world_gens.push_back(grow::generation_of(parent, p));
   }
   c->all_local = renumber.size() == 1;
-  if (watched || parent->watch_setups) {
+  if (watch || parent->watch_setups) {
     c->watch_setups = true;
-    c->setup_watch = SetupWatch::for_member(parent, c->job_store, id, members, 0);
+    c->setup_watch = watch ? std::move(watch) : SetupWatch::for_member(parent, c->job_store, id, members, 0);
   }
   return finish_communicator(std::move(c), out);
 }

@@ -181,10 +181,12 @@ namespace comm {
 Status init_communicator(const comm_config_t& cfg, comm_t* out);
 // Children share the job store and secret; every member calls with the same id and the same
 // members (their parent ranks, in the child's rank order). comm_shrink passes the store the
-// survivors met in and a new secret, and `watched`: its set-up ends early when a member is known
-// dead (setup_watch.h), as does that of every child of a watched communicator (grown, shrunk).
+// survivors met in, a new secret, and the watch its agreement ran under (`watch`, for this same id
+// and members): the set-up ends early when a member is known dead (setup_watch.h), as does that of
+// every child of a watched communicator (grown, shrunk), which gets a watch of its own.
 Status create_child(comm_t parent, const std::string& id, int rank, const std::vector<int>& members, comm_t* out,
-                    std::shared_ptr<Store> store = nullptr, const std::string& secret = "", bool watched = false);
+                    std::shared_ptr<Store> store = nullptr, const std::string& secret = "",
+                    std::shared_ptr<SetupWatch> watch = nullptr);
 // A child whose fields are set but for its transport: connects it, waits for every member (the
 // init barrier), starts its watcher. create_child's last step, and comm_grow's (grow.cc, join.cc).
 Status finish_communicator(std::unique_ptr<comm_s> c, comm_t* out);

@@ -158,7 +158,8 @@ Status shrink_communicator(comm_t c, const std::vector<int>& excluded_in, comm_t
   // A survivor that dies meanwhile (a second failure right after comm_agree_failed) closes its
   // connections of this communicator: the watch ends the others' waits on it within a second
   // instead of at COMM_TIMEOUT_MS, and they agree again (setup_watch.h; a chaos run lost 10 s
-  // when the lowest survivor, whose verdict the others waited for, was killed here).
+  // when the lowest survivor, whose verdict the others waited for, was killed here). The same
+  // watch then covers the new communicator's set-up (create_child).
   std::shared_ptr<SetupWatch> watch = SetupWatch::for_member(c, base, id, members, 0);
   std::shared_ptr<Store> store = make_watched_store(make_prefix_store(base, "comm/" + id + "/shrink"),
                                                     [watch] { return watch->check(); }, 250);
@@ -214,7 +215,7 @@ Status shrink_communicator(comm_t c, const std::vector<int>& excluded_in, comm_t
   }
 
   comm_t made = nullptr;
-  COMM_RETURN_IF_ERROR(create_child(c, id, new_rank, members, &made, base, secret, /*watched=*/true).prefixed(where + "comm_shrink: "));
+  COMM_RETURN_IF_ERROR(create_child(c, id, new_rank, members, &made, base, secret, watch).prefixed(where + "comm_shrink: "));
   Status device_st = device::shrink(c, made, excluded);
   if (!device_st.ok()) {
     destroy_communicator(made);
