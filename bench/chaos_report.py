@@ -188,6 +188,12 @@ def band(rows):
             "curve": {s: [min(r["curve"][s] for r in rows), max(r["curve"][s] for r in rows)] for s in sorted(steps)}}
 
 
+def median_seed(band_data):
+    """The seed whose failure-free final loss is the band's median (the lower middle for an even count)."""
+    by_seed = sorted(band_data["by_seed"].items(), key=lambda kv: kv[1])
+    return int(by_seed[(len(by_seed) - 1) // 2][0])
+
+
 def spread(values):
     if not values:
         return "-"

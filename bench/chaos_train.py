@@ -16,9 +16,14 @@ tried again at the next event until it happens (--special: "agree", a second mem
 first, only where the two leave a strict majority; "join-member", a member killed 0-0.3 s after
 a replacement said it is joining; "join-joiner", that replacement itself killed then; by default
 the kind cycles with the run's index); a SIGSTOP (the survivors time out on it and exclude
-it, its slot's supervisor SIGKILLs it and starts its replacement); then SIGKILLs. Each run's seed is its index modulo 5,
-so that its final loss can be held against the band of the failure-free runs of seeds 0-4
-(--calm, which writes the band to --band). bench/chaos_report.py reads each run's files.
+it, its slot's supervisor SIGKILLs it and starts its replacement); then SIGKILLs.
+
+The loss: --calm runs are failure-free, of seed index modulo 5 (--first 0 --runs 5: seeds 0-4), and
+write the band to --band. A chaos run trains at one seed, as a job does (--seed, by default the
+band's median seed: two failure-free seeds end below it and two above), so that its final loss is
+held against the spread of the seeds around it; a run at the band's lowest or highest seed lies
+outside for any deviation in one direction, however small. Its distance from its own seed's
+failure-free run is reported beside it. bench/chaos_report.py reads each run's files.
 """
 
 import argparse
@@ -122,7 +127,7 @@ def one_run(args, index):
     rundir = tempfile.mkdtemp(prefix=f"chaos_{index}_")
     store = os.path.join(rundir, "store")
     os.mkdir(store)
-    seed = index % 5
+    seed = index % 5 if args.calm or args.seed == "index" else args.seed_value
     rest = ["--steps", str(args.steps), "--log-every", "1", "--step-sleep", str(args.step_sleep),
             "--seed", str(seed), "--after-join", "0", "--init-method", "file://" + store]
     env = dict(os.environ, COMM_TIMEOUT_MS=str(args.timeout_ms), OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
@@ -232,7 +237,9 @@ def main():
     ap.add_argument("--band", help="JSON file of the failure-free band (written with --calm, read otherwise)")
     ap.add_argument("--results", help="append each run's row as a JSON line here")
     ap.add_argument("--deadline-s", type=float, default=600)
-    ap.add_argument("--first", type=int, default=0, help="index of the first run (its seed: index %% 5)")
+    ap.add_argument("--first", type=int, default=0, help="index of the first run (a --calm run's seed: index %% 5)")
+    ap.add_argument("--seed", default="median",
+                    help="a chaos run's training seed: 'median' (the --band's median seed), 'index' (index %% 5), or a number")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("chaos_train.py: netsim needs root")
@@ -240,6 +247,16 @@ def main():
     if args.band and not args.calm:
         with open(args.band) as f:
             args.band_data = json.load(f)
+    if args.calm or args.seed == "index":
+        args.seed_value = None
+    elif args.seed == "median":
+        if not args.band_data:
+            sys.exit("chaos_train.py: --seed median needs a --band (written by --calm)")
+        args.seed_value = chaos_report.median_seed(args.band_data)
+    elif args.seed.isdigit():
+        args.seed_value = int(args.seed)
+    else:
+        sys.exit(f"chaos_train.py: --seed {args.seed!r}: expected median, index or a number")
     print(f"# chaos_train: {args.hosts} hosts x {args.ranks_per_host} ranks, {args.steps} steps, "
           f"COMM_TIMEOUT_MS={args.timeout_ms}, " + ("failure-free" if args.calm else
           f"an event every ~{args.kill_every:.0f} s while the world is full, replacements joining"))
