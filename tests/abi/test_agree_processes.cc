@@ -180,8 +180,8 @@ TEST_CASE("agree: a rank killed during the agreement (its decider when it can be
 }
 
 // The decider of the first round is SIGSTOPped before its verdict (it waits for world rank 0,
-// which comes late; the others wait 1.5 timeouts + 2 s for the verdict): the others wait out the verdict, agree without it in the next round, shrink
-// and go on. Woken, the decider publishes its round's verdict; it must not go on with it alone but
+// which comes late): the others wait out the verdict (1.5 timeouts + 2 s), agree without it in the
+// next round, shrink and go on. Woken, the decider publishes its round's verdict; it must not go on with it alone but
 // be told it was excluded, as a stopped rank that was no decider is (libcomm/src/agree.cc,
 // await_confirmations). If the stop came too late (the verdict was out), the run proves nothing
 // and fails its precondition rather than pass.

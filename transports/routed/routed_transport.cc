@@ -101,21 +101,9 @@ class RoutedTransport final : public Transport {
     far_->notify_peers(failure, order);
     (void)fail(failure);
   }
-  void lost_peers(std::vector<int>* out) override {
-    near_->lost_peers(out);
-    far_->lost_peers(out);
-    std::sort(out->begin(), out->end());
-  }
-  void closed_peers(std::vector<int>* out) override {
-    near_->closed_peers(out);
-    far_->closed_peers(out);
-    std::sort(out->begin(), out->end());
-  }
-  void gone_peers(std::vector<int>* out) override {
-    near_->gone_peers(out);
-    far_->gone_peers(out);
-    std::sort(out->begin(), out->end());
-  }
+  void lost_peers(std::vector<int>* out) override { from_both(&Transport::lost_peers, out); }
+  void closed_peers(std::vector<int>* out) override { from_both(&Transport::closed_peers, out); }
+  void gone_peers(std::vector<int>* out) override { from_both(&Transport::gone_peers, out); }
   int64_t silent_ms(int peer) override {
     if (peer < 0 || static_cast<size_t>(peer) >= is_local_.size()) return -1;
     return is_local_[static_cast<size_t>(peer)] ? near_->silent_ms(peer) : far_->silent_ms(peer);
@@ -140,6 +128,13 @@ class RoutedTransport final : public Transport {
   }
 
  private:
+  // One of the lost/closed/gone questions asked of both parts: their lists, merged ascending.
+  void from_both(void (Transport::*which)(std::vector<int>*), std::vector<int>* out) {
+    ((*near_).*which)(out);
+    ((*far_).*which)(out);
+    std::sort(out->begin(), out->end());
+  }
+
   struct Any {  // a receive from any rank: what its directed receive is posted with
     char* buf = nullptr;
     size_t bytes = 0;
