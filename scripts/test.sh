@@ -12,10 +12,11 @@ install_missing "${TEST_PACKAGES[@]}"
 build_in "$BUILD_DIR"
 
 failed=()
+failed_dirs=()
 
 # The deadline and process-death tests are marked is_parallel: false; meson runs them one at a time.
 step "running every test: meson test -C $BUILD_DIR --print-errorlogs"
-meson test -C "$BUILD_DIR" --print-errorlogs || failed+=("tests in $BUILD_DIR/")
+meson test -C "$BUILD_DIR" --print-errorlogs || { failed+=("tests in $BUILD_DIR/"); failed_dirs+=("$BUILD_DIR"); }
 
 if [[ "${SKIP_ASAN:-0}" != 1 ]]; then
   # ASan makes every large buffer a fresh first touch: this tier runs the unit tests only.
@@ -30,10 +31,14 @@ if [[ "${SKIP_ASAN:-0}" != 1 ]]; then
   ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
   UCX_MEM_EVENTS=no \
-    meson test "${args[@]}" unit || failed+=("unit tests under ASan+UBSan ($ASAN_BUILD_DIR/)")
+    meson test "${args[@]}" unit || { failed+=("unit tests under ASan+UBSan ($ASAN_BUILD_DIR/)"); failed_dirs+=("$ASAN_BUILD_DIR"); }
 fi
 
 if ((${#failed[@]} > 0)); then
+  # Last, so that a log read from its tail names the failed tests and shows their ends.
+  for dir in "${failed_dirs[@]}"; do
+    python3 scripts/failed_tests.py "$dir" 25
+  done
   step "FAILED: ${failed[*]}"
   exit 1
 fi

@@ -6,6 +6,7 @@ directory is configured again when packages were installed.
 
   test_scripts.py SOURCE_DIR [unittest args]
 """
+import json
 import os
 import re
 import shlex
@@ -29,7 +30,7 @@ def stub(path, body):
 
 
 class Scripts(unittest.TestCase):
-    def run_script(self, script, installed=(), configured=False):
+    def run_script(self, script, installed=(), configured=False, failing_test=None):
         tmp = tempfile.mkdtemp(prefix="scripts-test-")
         self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
         bin_dir, build = os.path.join(tmp, "bin"), os.path.join(tmp, "build")
@@ -45,11 +46,20 @@ class Scripts(unittest.TestCase):
              f'for p in {ok}; do [ "$2" = "$p" ] && echo "Status: install ok installed" && exit 0; done; exit 1\n')
         for tool in ("apt-get", "meson", "ninja"):
             stub(os.path.join(bin_dir, tool), f'echo "{tool} $*" >> {log}\n')
+        if failing_test:  # `meson test` writes a log with one failed test and fails
+            os.makedirs(os.path.join(build, "meson-logs"))
+            rows = [{"name": "passes", "result": "OK", "duration": 1.0, "stdout": "fine", "returncode": 0},
+                    {"name": failing_test, "result": "FAIL", "duration": 2.0, "returncode": 1,
+                     "stdout": "\n".join(f"line {i}" for i in range(100)) + "\nthe failed check"}]
+            with open(os.path.join(build, "meson-logs", "testlog.json"), "w") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
+            stub(os.path.join(bin_dir, "meson"), f'echo "meson $*" >> {log}\n[ "$1" = test ] && exit 1\nexit 0\n')
         stub(os.path.join(build, "tools", "comm-run", "comm-run"), f'echo "comm-run $*" >> {log}\n')
         env = dict(os.environ, PATH=bin_dir + ":" + os.environ["PATH"], BUILD_DIR=build, SKIP_ASAN="1")
         done = subprocess.run(["bash", os.path.join(SOURCE, "scripts", script)], env=env, capture_output=True,
                               text=True, timeout=60)
-        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertEqual(done.returncode, 1 if failing_test else 0, done.stdout + done.stderr)
+        self.output = done.stdout
         with open(log) as f:
             return [shlex.split(line) for line in f]
 
@@ -89,6 +99,16 @@ class Scripts(unittest.TestCase):
     def test_a_build_configured_before_packages_arrived_is_configured_again(self):
         calls = self.run_script("test.sh", configured=True)
         self.assertTrue(any(c[:3] == ["meson", "setup", "--reconfigure"] for c in calls), calls)
+
+    def test_a_failed_test_is_named_with_the_end_of_its_output_last(self):
+        # CI logs are often read from the tail: the names and the failed check come after the sanitizer tier.
+        self.run_script("test.sh", failing_test="abi-flaky")
+        tail = self.output.strip().splitlines()[-40:]
+        self.assertIn("failed in", " ".join(tail))
+        self.assertTrue(any("abi-flaky (FAIL" in line for line in tail), tail)
+        self.assertIn("the failed check", tail)
+        self.assertNotIn("passes (OK", self.output)
+        self.assertTrue(tail[-1].startswith("==> FAILED: tests in"), tail[-1])
 
     def test_building_md_lists_the_packages_lib_sh_installs(self):
         lists = subprocess.run(["bash", "-c", 'source scripts/lib.sh; echo "${BENCH_PACKAGES[*]}"; '
