@@ -3,7 +3,8 @@
 // gone_peers (a set-up's or a shrink's watch, libcomm/src/setup_watch.h). A peer that idle
 // detection convicted of silence is lost and closed, but never gone: a rank stopped for a while
 // that took part in the agreement since is alive, and a watch that took it for dead failed every
-// shrink attempt of the survivors (issue 35).
+// shrink attempt of the survivors (issue 35). And what the hang trace reads (silent_ms): a socket
+// peer whose heartbeats wait unread is heard, not silent.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <memory>
@@ -84,4 +85,26 @@ TEST_CASE("lost peers: shared memory: a peer silenced by idle detection is lost 
 
 TEST_CASE("lost peers: sockets: a peer silenced by idle detection is lost and closed, never gone", "[socket]") {
   silenced_peer_is_not_gone("socket");
+}
+
+// The hang trace takes a peer silent past a few heartbeats for the stalled one (libcomm/src/blame.cc,
+// silent_ms). A rank that did not read its sockets meanwhile (routed: its call waited in the
+// shared-memory part) has the peer's beats unread in the socket: the peer was heard. Only lower
+// bounds of time here: each side slept at least 1.5 s (15 heartbeats, past the trace's 1 s).
+TEST_CASE("silence: sockets: a peer whose heartbeats wait unread is heard; one that sent nothing is silent",
+          "[socket]") {
+  std::vector<std::unique_ptr<Transport>> ts;
+  Status made = make_real_transports(one_host(2), /*timeout_ms=*/10000, &ts, "socket", "socket", /*heartbeat_ms=*/100);
+  INFO(made.message());
+  REQUIRE(made.ok());
+  exchange(ts);
+  // Rank 1 beats (as its watcher does), rank 0 reads nothing meanwhile.
+  const auto beat_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (std::chrono::steady_clock::now() < beat_until) {
+    ts[1]->beat();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(ts[0]->silent_ms(1) == 0);  // the beats wait in the socket: heard (was >= 1500: unread)
+  // Rank 0 never beat: nothing waits at rank 1, which heard rank 0 last at the exchange.
+  CHECK(ts[1]->silent_ms(0) >= 1500);
 }

@@ -10,6 +10,17 @@
 
 namespace comm::transport::sock {
 
+namespace {
+// Whether the peer sent bytes this rank has not read: heard_ moves only when this rank reads, so
+// a rank that was itself stalled (stopped, descheduled) would take every live peer for silent. Not
+// a peer that hung up after them: it spoke, and died (find_lost's closes, the silence rule).
+bool bytes_waiting(int fd) {
+  pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
+  return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLIN) != 0 &&
+         (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
+}
+}  // namespace
+
 bool SocketTransport::flush_beat(Connection& c) {
   while (c.beat_left != 0) {
     const char* from = reinterpret_cast<const char*>(&c.beat_hdr) + (kHeaderBytes - c.beat_left);
@@ -99,15 +110,6 @@ Status SocketTransport::check_idle() {
 // closed_peers (Silence::kAsOfFailure) leaves out the silence of a transport that has not failed
 // (transports/transport.h); a failed one judges it as of its failure, as lost_peers does: the
 // silence that failed it (the watcher's idle detection) was read while someone read.
-namespace {
-// Whether the peer sent bytes this rank has not read: heard_ moves only when this rank reads, so
-// a rank that was itself stalled (stopped, descheduled) would take every live peer for silent.
-bool bytes_waiting(int fd) {
-  pollfd pfd{fd, POLLIN, 0};
-  return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLIN) != 0;
-}
-}  // namespace
-
 void SocketTransport::find_lost(std::vector<int>* out, Silence silence) {
   Entry entry(*this);
   // A failed transport reads no heartbeats: a peer's silence counts until the failure only. Else
@@ -139,10 +141,17 @@ void SocketTransport::find_lost(std::vector<int>* out, Silence silence) {
   }
 }
 
-// Judged as find_lost judges it: on connection 0, as of the failure once failed.
+// Judged on connection 0, as of the failure once failed (as find_lost judges it), except that
+// unread bytes count as heard, also on a failed transport: heard_ moves only when this rank reads,
+// and a routed rank whose call waited in the shared-memory part read none of its sockets meanwhile
+// (its watcher only beats). Its hang trace took a socket peer that beat all along for the stalled
+// rank (abi-process, several ranks per host: rank 0, 2.8 s without a poll, named rank 5 for the
+// stopped rank 3; 10 runs in 120). With nothing unread, nothing came since the last read and the
+// silence stands; a peer taken for heard is waited for, and named if it does not report.
 int64_t SocketTransport::silent_ms(int peer) {
   Entry entry(*this);
   if (peer < 0 || peer >= size() || peer == rank()) return -1;
+  if (conn(peer, 0).fd.valid() && bytes_waiting(conn(peer, 0).fd.get())) return 0;
   return silence_of(peer, failed_.ok() ? Clock::now() : failed_at_);
 }
 
