@@ -8,7 +8,6 @@ directory is configured again when packages were installed.
 """
 import json
 import os
-import re
 import shlex
 import shutil
 import stat

@@ -146,7 +146,7 @@ void SocketTransport::find_lost(std::vector<int>* out, Silence silence) {
 // and a routed rank whose call waited in the shared-memory part read none of its sockets meanwhile
 // (its watcher only beats). Its hang trace took a socket peer that beat all along for the stalled
 // rank (abi-process, several ranks per host: rank 0, 2.8 s without a poll, named rank 5 for the
-// stopped rank 3; 10 runs in 120). With nothing unread, nothing came since the last read and the
+// stopped rank 3; 4 runs in 40). With nothing unread, nothing came since the last read and the
 // silence stands; a peer taken for heard is waited for, and named if it does not report.
 int64_t SocketTransport::silent_ms(int peer) {
   Entry entry(*this);
